@@ -1,0 +1,675 @@
+#!/usr/bin/env python3
+"""fake-nvml: create and change the simulated GPUs behind the lab's fake ``pynvml``.
+
+Installed on every lab node as ``/usr/local/sbin/fake-nvml`` (with ``pynvml.py`` in
+``/usr/local/lib/fake-nvml/``). Standard library only; it writes the JSON state file that the fake
+``pynvml`` reads (``$FAKE_NVML_STATE``, default ``/var/lib/fake-nvml/state.json``).
+
+GPUs are addressed by their index at ``init`` time (their slot): it stays the same after
+``gpu --remove``, whereas NVML renumbers the GPUs that are left, as the real driver does.
+
+Machine shapes are generated, not hand-written:
+
+* ``a100-pcie-40gb-x4``: 4 x "NVIDIA A100-PCIE-40GB", 250 W default, 150-250 W range. GPUs 0-1 and
+  2-3 are joined by three NVLink bridges each. A PCIe A100 has 12 third-generation NVLinks and a
+  bridge carries 4 of them, so with the 3 bridges NVIDIA sells for A100 PCIe all 12 links of each GPU
+  go to its partner and ``nvidia-smi topo -m`` shows NV12 within a pair. GPUs 0-1 sit on CPU socket 0,
+  2-3 on socket 1 (PCIe NODE within a socket, SYS across).
+* ``a100-sxm4-40gb-x8``: an HGX A100 board, 8 x "NVIDIA A100-SXM4-40GB", 400 W default, 100-400 W.
+  Each GPU's 12 NVLinks go two each to the board's 6 NVSwitches, so every pair is NV12. PCIe: pairs
+  behind one switch (PXB), four GPUs per socket (NODE), SYS across sockets.
+
+UUIDs and serial numbers are derived from the host name (stable across ``init``); PCI bus ids come
+from the shape, as identical servers have identical PCI layouts. Driver 535.183.06, CUDA 12.2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import socket
+import sys
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+STATE_ENV = "FAKE_NVML_STATE"
+LIBRARY_ENV = "FAKE_NVML_LIBRARY"
+DEFAULT_STATE = "/var/lib/fake-nvml/state.json"
+DEFAULT_LIBRARY = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
+DEFAULT_DRIVER_VERSION = "535.183.06"
+CUDA_DRIVER_VERSION = 12020  # what a 535 driver reports: CUDA 12.2
+STATE_SCHEMA = 1
+
+MIB = 1024 * 1024
+
+# NVML topology levels (nvmlGpuTopologyLevel_t)
+TOPOLOGY_MULTIPLE = 20  # PXB
+TOPOLOGY_NODE = 40  # NODE
+TOPOLOGY_SYSTEM = 50  # SYS
+
+
+class CtlError(Exception):
+    """Bad input or state; printed as one line, exit status 1."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    gpu_name: str
+    pci_buses: tuple[int, ...]
+    pci_device_id: int
+    pci_subsystem_id: int
+    memory_mib: int
+    default_limit_w: int
+    min_limit_w: int
+    max_limit_w: int
+    idle_draw_w: float
+    vbios_version: str
+    links_per_gpu: int
+    # "bridge-pairs": all links of GPU 2k go to GPU 2k+1. "nvswitch": links spread over the switches.
+    nvlink_layout: str
+    nvswitch_buses: tuple[int, ...]
+    gpus_per_socket: int
+    gpus_per_pcie_switch: int
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.pci_buses)
+
+
+SHAPES: dict[str, Shape] = {
+    shape.name: shape
+    for shape in (
+        Shape(
+            name="a100-pcie-40gb-x4",
+            gpu_name="NVIDIA A100-PCIE-40GB",
+            pci_buses=(0x17, 0x31, 0xB1, 0xCA),
+            pci_device_id=0x20F110DE,
+            pci_subsystem_id=0x145F10DE,
+            memory_mib=40960,
+            default_limit_w=250,
+            min_limit_w=150,
+            max_limit_w=250,
+            idle_draw_w=36.0,
+            vbios_version="92.00.25.00.08",
+            links_per_gpu=12,
+            nvlink_layout="bridge-pairs",
+            nvswitch_buses=(),
+            gpus_per_socket=2,
+            gpus_per_pcie_switch=1,
+        ),
+        Shape(
+            name="a100-sxm4-40gb-x8",
+            gpu_name="NVIDIA A100-SXM4-40GB",
+            pci_buses=(0x07, 0x0F, 0x47, 0x4E, 0x87, 0x90, 0xB7, 0xBD),
+            pci_device_id=0x20B010DE,
+            pci_subsystem_id=0x134F10DE,
+            memory_mib=40960,
+            default_limit_w=400,
+            min_limit_w=100,
+            max_limit_w=400,
+            idle_draw_w=58.0,
+            vbios_version="92.00.36.00.02",
+            links_per_gpu=12,
+            nvlink_layout="nvswitch",
+            nvswitch_buses=(0xC4, 0xC5, 0xC6, 0xC7, 0xC8, 0xC9),
+            gpus_per_socket=4,
+            gpus_per_pcie_switch=2,
+        ),
+    )
+}
+
+
+# ---------------------------------------------------------------------------------------------------
+# State generation
+# ---------------------------------------------------------------------------------------------------
+def _digest(host: str, slot: int, what: str) -> bytes:
+    return hashlib.sha256(f"fake-nvml/{host}/{slot}/{what}".encode()).digest()
+
+
+def _pci(bus: int, device_id: int = 0, subsystem_id: int = 0) -> dict[str, int]:
+    return {
+        "domain": 0,
+        "bus": bus,
+        "device": 0,
+        "pci_device_id": device_id,
+        "pci_subsystem_id": subsystem_id,
+    }
+
+
+def _gpu_links(shape: Shape, slot: int) -> list[dict[str, Any]]:
+    links = []
+    for link in range(shape.links_per_gpu):
+        if shape.nvlink_layout == "bridge-pairs":
+            peer = slot ^ 1
+            remote: dict[str, Any] = {
+                "remote_type": "gpu",
+                "remote_slot": peer,
+                "remote_link": link,
+                "remote_pci": _pci(shape.pci_buses[peer], shape.pci_device_id, shape.pci_subsystem_id),
+            }
+        else:
+            switch_bus = shape.nvswitch_buses[link // 2]
+            remote = {"remote_type": "switch", "remote_pci": _pci(switch_bus, 0x1AF110DE, 0x000010DE)}
+        links.append({"link": link, "active": True, "version": 3, **remote})
+    return links
+
+
+def _pcie_level(shape: Shape, a: int, b: int) -> int:
+    if a // shape.gpus_per_socket != b // shape.gpus_per_socket:
+        return TOPOLOGY_SYSTEM
+    if shape.gpus_per_pcie_switch > 1 and a // shape.gpus_per_pcie_switch == b // shape.gpus_per_pcie_switch:
+        return TOPOLOGY_MULTIPLE
+    return TOPOLOGY_NODE
+
+
+def build_gpu(shape: Shape, host: str, slot: int) -> dict[str, Any]:
+    digest = _digest(host, slot, "gpu")
+    limit_mw = shape.default_limit_w * 1000
+    return {
+        "slot": slot,
+        "present": True,
+        "lost": False,
+        "name": shape.gpu_name,
+        "uuid": "GPU-" + str(uuid.UUID(bytes=digest[:16])),
+        "serial": str(1320000000000 + int.from_bytes(digest[16:22], "big") % 10**9),
+        "minor_number": slot,
+        "brand": 14,  # NVML_BRAND_NVIDIA
+        "architecture": 7,  # NVML_DEVICE_ARCH_AMPERE
+        "compute_capability": [8, 0],
+        "vbios_version": shape.vbios_version,
+        "compute_mode": 0,
+        "pci": _pci(shape.pci_buses[slot], shape.pci_device_id, shape.pci_subsystem_id),
+        "memory": {"total": shape.memory_mib * MIB, "used": 0, "reserved": 0},
+        "persistence_mode": 0,
+        "power": {
+            "limit_mw": limit_mw,
+            "enforced_mw": limit_mw,
+            "default_mw": limit_mw,
+            "min_mw": shape.min_limit_w * 1000,
+            "max_mw": shape.max_limit_w * 1000,
+            "draw_mw": int(shape.idle_draw_w * 1000) + digest[22] * 10,
+        },
+        "temperature": {
+            "gpu": 30 + digest[23] % 6,
+            "shutdown": 92,
+            "slowdown": 89,
+            "gpu_max": 85,
+            "mem_max": 95,
+            # Passively cooled data-centre GPUs have no GPU target temperature: NVML says Not Supported.
+            "target": None,
+            "target_min": None,
+            "target_max": None,
+        },
+        "ecc": {
+            "current": 1,
+            "pending": 1,
+            "volatile": {"corrected": 0, "uncorrected": 0},
+            "aggregate": {"corrected": 0, "uncorrected": 0},
+        },
+        # A100 repairs memory by row remapping; page retirement is not supported (NVML: Not Supported).
+        "remapped_rows": {"correctable": 0, "uncorrectable": 0, "pending": 0, "failure": 0},
+        "retired_pages": None,
+        "nvlinks": _gpu_links(shape, slot),
+        "processes": [],
+    }
+
+
+def build_state(
+    shape_name: str, host: str, kernel_module_version: str = DEFAULT_DRIVER_VERSION
+) -> dict[str, Any]:
+    """The state of a freshly booted machine of the given shape."""
+    shape = SHAPES.get(shape_name)
+    if shape is None:
+        raise CtlError(f"unknown shape {shape_name!r}; choose one of: {', '.join(sorted(SHAPES))}")
+    n = shape.gpu_count
+    return {
+        "schema": STATE_SCHEMA,
+        "shape": shape.name,
+        "host": host,
+        "kernel_module_version": kernel_module_version,
+        "nvml_version": f"12.{DEFAULT_DRIVER_VERSION}",
+        "cuda_driver_version": CUDA_DRIVER_VERSION,
+        "nvswitches": [_pci(bus, 0x1AF110DE, 0x000010DE) for bus in shape.nvswitch_buses],
+        "pcie_topology": [[0 if a == b else _pcie_level(shape, a, b) for b in range(n)] for a in range(n)],
+        "missing_functions": [],
+        "gpus": [build_gpu(shape, host, slot) for slot in range(n)],
+    }
+
+
+# ---------------------------------------------------------------------------------------------------
+# State file access: exclusive lock, write a temp file, atomic rename (same protocol as pynvml.py)
+# ---------------------------------------------------------------------------------------------------
+def state_path() -> str:
+    return os.environ.get(STATE_ENV, DEFAULT_STATE)
+
+
+def library_path() -> str:
+    return os.environ.get(LIBRARY_ENV, DEFAULT_LIBRARY)
+
+
+def library_version() -> str | None:
+    try:
+        with open(library_path(), encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, sep, value = line.partition("=")
+                if sep and key.strip() == "version":
+                    return value.strip()
+    except OSError:
+        return None
+    return ""
+
+
+def _write(path: str, state: dict[str, Any]) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".state-", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(state, f, indent=2, sort_keys=True)
+            f.write("\n")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def locked(path: str, must_exist: bool = True) -> Iterator[dict[str, Any]]:
+    """Yield the state (or {} when absent and allowed) under the lock; write it back on success."""
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(directory, exist_ok=True)
+        lock_fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except PermissionError as exc:
+        raise CtlError(f"cannot lock {path}: {exc.strerror} (run as root)") from exc
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        state = read_state(path) if must_exist or os.path.exists(path) else {}
+        yield state
+        try:
+            _write(path, state)
+        except PermissionError as exc:
+            raise CtlError(f"cannot write {path}: {exc.strerror} (run as root)") from exc
+    finally:
+        os.close(lock_fd)
+
+
+def read_state(path: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            state = json.load(f)
+    except FileNotFoundError as exc:
+        raise CtlError(f"no GPU state at {path}; create it with: fake-nvml init --shape SHAPE") from exc
+    except (OSError, ValueError) as exc:
+        raise CtlError(f"cannot read GPU state {path}: {exc}") from exc
+    if not isinstance(state, dict) or state.get("schema") != STATE_SCHEMA:
+        raise CtlError(
+            f"{path} is not a fake-nvml state file (schema {STATE_SCHEMA}); re-create it with init --force"
+        )
+    return state
+
+
+def gpu_by_slot(state: dict[str, Any], slot: int) -> dict[str, Any]:
+    for gpu in state["gpus"]:
+        if gpu["slot"] == slot:
+            return gpu
+    raise CtlError(f"no GPU {slot}: this {state['shape']} machine has GPUs 0-{len(state['gpus']) - 1}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Subcommands
+# ---------------------------------------------------------------------------------------------------
+def cmd_init(args: argparse.Namespace) -> str:
+    path = state_path()
+    host = args.host or socket.gethostname()
+    new_state = build_state(args.shape, host, args.kernel_version)
+    with locked(path, must_exist=False) as state:
+        if state and not args.force:
+            raise CtlError(f"{path} already exists (shape {state.get('shape')}); use --force to replace it")
+        state.clear()
+        state.update(new_state)
+    return f"initialised {path}: {args.shape} for host {host}, kernel module {args.kernel_version}"
+
+
+def cmd_reset(args: argparse.Namespace) -> str:
+    """A reboot: no faults, default settings, and the kernel module matches the library again."""
+    path = state_path()
+    with locked(path) as state:
+        kernel = library_version() or state.get("kernel_module_version", DEFAULT_DRIVER_VERSION)
+        fresh = build_state(state["shape"], state["host"], kernel)
+        state.clear()
+        state.update(fresh)
+    return f"reset {path}: {state['shape']} for host {state['host']}, kernel module {kernel}"
+
+
+def _watts(mw: int) -> str:
+    return f"{mw / 1000:g}"
+
+
+def render(state: dict[str, Any], path: str) -> str:
+    lib = library_version()
+    lib_text = "absent (driver not installed)" if lib is None else lib
+    lines = [
+        f"state {path}: shape {state['shape']}, host {state['host']}",
+        f"kernel module {state['kernel_module_version']}, library {lib_text} ({library_path()}), "
+        f"CUDA driver {state['cuda_driver_version']}",
+    ]
+    if lib is not None and lib != state["kernel_module_version"]:
+        lines.append("NVML init fails: Driver/library version mismatch")
+    for gpu in state["gpus"]:
+        power, temp, ecc, rows = gpu["power"], gpu["temperature"], gpu["ecc"], gpu["remapped_rows"]
+        links = gpu["nvlinks"]
+        flags = [flag for flag, on in (("LOST", gpu["lost"]), ("REMOVED", not gpu["present"])) if on]
+        lines.append(
+            f"GPU {gpu['slot']} {gpu['pci']['bus']:02X}:00.0 {gpu['name']} {gpu['uuid']}"
+            + (f" [{' '.join(flags)}]" if flags else "")
+        )
+        lines.append(
+            f"    power {_watts(power['limit_mw'])} W (default {_watts(power['default_mw'])}, "
+            f"range {_watts(power['min_mw'])}-{_watts(power['max_mw'])}, draw {_watts(power['draw_mw'])}); "
+            f"temp {temp['gpu']} C (slowdown {temp['slowdown']}); "
+            f"persistence {'on' if gpu['persistence_mode'] else 'off'}"
+        )
+        lines.append(
+            f"    ECC {'on' if ecc['current'] else 'off'}: volatile corrected {ecc['volatile']['corrected']} "
+            f"uncorrected {ecc['volatile']['uncorrected']}, "
+            f"aggregate corrected {ecc['aggregate']['corrected']} "
+            f"uncorrected {ecc['aggregate']['uncorrected']}; remapped rows correctable {rows['correctable']} "
+            f"uncorrectable {rows['uncorrectable']} pending {rows['pending']} failure {rows['failure']}"
+        )
+        down = [str(link["link"]) for link in links if not link["active"]]
+        lines.append(
+            f"    NVLinks {len(links) - len(down)}/{len(links)} up"
+            + (f" (down: {','.join(down)})" if down else "")
+            + f"; processes {len(gpu['processes'])}"
+        )
+    return "\n".join(lines)
+
+
+def cmd_show(args: argparse.Namespace) -> str:
+    path = state_path()
+    state = read_state(path)
+    return json.dumps(state, indent=2, sort_keys=True) if args.json else render(state, path)
+
+
+def _mutate(describe: Callable[[dict[str, Any]], str]) -> str:
+    path = state_path()
+    with locked(path) as state:
+        message = describe(state)
+    return message
+
+
+def cmd_ecc(args: argparse.Namespace) -> str:
+    if args.count < 0:
+        raise CtlError("COUNT must be >= 0")
+
+    def change(state: dict[str, Any]) -> str:
+        ecc = gpu_by_slot(state, args.gpu)["ecc"]
+        kind = "uncorrected" if args.uncorrectable is not None else "corrected"
+        # A new error counts in both; --aggregate records one from before the last driver reload.
+        counters = ["aggregate"] if args.aggregate else ["volatile", "aggregate"]
+        for counter in counters:
+            ecc[counter][kind] += args.count
+        return f"GPU {args.gpu}: +{args.count} {kind} ECC errors ({' and '.join(counters)})"
+
+    return _mutate(change)
+
+
+def cmd_remap(args: argparse.Namespace) -> str:
+    def change(state: dict[str, Any]) -> str:
+        rows = gpu_by_slot(state, args.gpu)["remapped_rows"]
+        if rows is None:
+            raise CtlError(f"GPU {args.gpu} does not remap rows")
+        done = []
+        if args.pending:
+            rows["pending"] = 1
+            done.append("remap pending")
+        if args.failure:
+            rows["failure"] = 1
+            done.append("remap failure")
+        if args.uncorrectable is not None:
+            rows["uncorrectable"] = args.uncorrectable
+            done.append(f"{args.uncorrectable} rows remapped for uncorrectable errors")
+        if args.correctable is not None:
+            rows["correctable"] = args.correctable
+            done.append(f"{args.correctable} rows remapped for correctable errors")
+        if args.clear:
+            rows.update({"correctable": 0, "uncorrectable": 0, "pending": 0, "failure": 0})
+            done.append("cleared")
+        return f"GPU {args.gpu}: " + ", ".join(done)
+
+    return _mutate(change)
+
+
+def cmd_link(args: argparse.Namespace) -> str:
+    def change(state: dict[str, Any]) -> str:
+        gpu = gpu_by_slot(state, args.gpu)
+        links = {link["link"]: link for link in gpu["nvlinks"]}
+        if args.link not in links:
+            raise CtlError(f"GPU {args.gpu} has NVLinks 0-{len(links) - 1}, not {args.link}")
+        link = links[args.link]
+        link["active"] = args.up
+        text = f"GPU {args.gpu} link {args.link} {'up' if args.up else 'down'}"
+        # A bridge link has two ends: the partner GPU sees the same link state.
+        if link.get("remote_type") == "gpu":
+            peer = gpu_by_slot(state, link["remote_slot"])
+            for peer_link in peer["nvlinks"]:
+                if peer_link["link"] == link["remote_link"] and peer_link.get("remote_slot") == args.gpu:
+                    peer_link["active"] = args.up
+                    text += f" (and GPU {peer['slot']} link {peer_link['link']})"
+        return text
+
+    return _mutate(change)
+
+
+def cmd_gpu(args: argparse.Namespace) -> str:
+    def change(state: dict[str, Any]) -> str:
+        gpu = gpu_by_slot(state, args.gpu)
+        if args.lost:
+            gpu["lost"] = True
+            return f"GPU {args.gpu} is lost (NVML_ERROR_GPU_IS_LOST)"
+        if args.remove:
+            gpu["present"] = False
+            return f"GPU {args.gpu} removed from the bus (NVML no longer enumerates it)"
+        gpu["lost"] = False
+        gpu["present"] = True
+        return f"GPU {args.gpu} restored"
+
+    return _mutate(change)
+
+
+def cmd_power(args: argparse.Namespace) -> str:
+    def change(state: dict[str, Any]) -> str:
+        power = gpu_by_slot(state, args.gpu)["power"]
+        mw = round(args.limit_w * 1000)
+        if not power["min_mw"] <= mw <= power["max_mw"]:
+            raise CtlError(
+                f"GPU {args.gpu}: {args.limit_w:g} W is outside "
+                f"{_watts(power['min_mw'])}-{_watts(power['max_mw'])} W"
+            )
+        power["limit_mw"] = mw
+        power["enforced_mw"] = mw
+        return f"GPU {args.gpu}: power limit {args.limit_w:g} W"
+
+    return _mutate(change)
+
+
+def cmd_temp(args: argparse.Namespace) -> str:
+    if not 0 <= args.celsius <= 150:
+        raise CtlError("--celsius must be between 0 and 150")
+
+    def change(state: dict[str, Any]) -> str:
+        gpu_by_slot(state, args.gpu)["temperature"]["gpu"] = args.celsius
+        return f"GPU {args.gpu}: {args.celsius} C"
+
+    return _mutate(change)
+
+
+def cmd_kernel_version(args: argparse.Namespace) -> str:
+    version = args.version.strip()
+    if not version or any(c.isspace() for c in version):
+        raise CtlError(f"invalid version {args.version!r}")
+
+    def change(state: dict[str, Any]) -> str:
+        state["kernel_module_version"] = version
+        lib = library_version()
+        note = (
+            ""
+            if lib is None or lib == version
+            else f" (library is {lib}: NVML init now fails with a mismatch)"
+        )
+        return f"loaded kernel module version {version}{note}"
+
+    return _mutate(change)
+
+
+def cmd_process(args: argparse.Namespace) -> str:
+    def change(state: dict[str, Any]) -> str:
+        procs = gpu_by_slot(state, args.gpu)["processes"]
+        if args.add:
+            if args.pid is None:
+                raise CtlError("--add needs --pid")
+            if args.pid <= 0:
+                raise CtlError("--pid must be a positive process id")
+            procs[:] = [p for p in procs if p["pid"] != args.pid]
+            procs.append({"pid": args.pid, "name": args.name, "used_memory": args.used_mib * MIB})
+            return f"GPU {args.gpu}: process {args.pid} ({args.name}) using {args.used_mib} MiB"
+        before = len(procs)
+        procs[:] = [] if args.pid is None else [p for p in procs if p["pid"] != args.pid]
+        return f"GPU {args.gpu}: cleared {before - len(procs)} process(es)"
+
+    return _mutate(change)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------------
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fake-nvml",
+        description="Create, show and break the lab's simulated NVIDIA GPUs (state file: "
+        f"${STATE_ENV}, default {DEFAULT_STATE}). --gpu N is the GPU's index at init.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("init", help="write the state of a freshly booted machine")
+    p.add_argument("--shape", required=True, choices=sorted(SHAPES))
+    p.add_argument("--host", help="host name the UUIDs derive from (default: this host's name)")
+    p.add_argument("--kernel-version", default=DEFAULT_DRIVER_VERSION, help="loaded kernel module version")
+    p.add_argument("--force", action="store_true", help="replace an existing state")
+    p.set_defaults(func=cmd_init)
+
+    p = sub.add_parser("show", help="print the GPUs and their faults")
+    p.add_argument("--json", action="store_true", help="print the raw state")
+    p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("reset", help="clear every fault and setting (a reboot of the node)")
+    p.set_defaults(func=cmd_reset)
+
+    p = sub.add_parser("ecc", help="add ECC errors")
+    p.add_argument("--gpu", type=int, required=True)
+    kind = p.add_mutually_exclusive_group(required=True)
+    kind.add_argument("--uncorrectable", type=_non_negative, metavar="COUNT")
+    kind.add_argument("--corrected", type=_non_negative, metavar="COUNT")
+    p.add_argument("--aggregate", action="store_true", help="only the lifetime counter (an old error)")
+    p.set_defaults(func=cmd_ecc)
+
+    p = sub.add_parser("remap", help="row remapping faults")
+    p.add_argument("--gpu", type=int, required=True)
+    p.add_argument("--pending", action="store_true", help="a remap waits for a GPU reset")
+    p.add_argument("--failure", action="store_true", help="a remap failed: the GPU needs replacing")
+    p.add_argument(
+        "--uncorrectable", type=_non_negative, metavar="K", help="rows remapped for uncorrectable errors"
+    )
+    p.add_argument(
+        "--correctable", type=_non_negative, metavar="K", help="rows remapped for correctable errors"
+    )
+    p.add_argument("--clear", action="store_true", help="zero every remap counter and flag")
+    p.set_defaults(func=cmd_remap)
+
+    p = sub.add_parser("link", help="take an NVLink down or up")
+    p.add_argument("--gpu", type=int, required=True)
+    p.add_argument("--link", type=int, required=True)
+    state = p.add_mutually_exclusive_group(required=True)
+    state.add_argument("--down", action="store_false", dest="up")
+    state.add_argument("--up", action="store_true", dest="up")
+    p.set_defaults(func=cmd_link)
+
+    p = sub.add_parser("gpu", help="lose, remove or restore a GPU")
+    p.add_argument("--gpu", type=int, required=True)
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--lost", action="store_true", help="NVML_ERROR_GPU_IS_LOST (fell off the bus, Xid 79)")
+    what.add_argument("--remove", action="store_true", help="no longer enumerated (GPU count drops)")
+    what.add_argument("--restore", action="store_true")
+    p.set_defaults(func=cmd_gpu)
+
+    p = sub.add_parser("power", help="set a power limit behind Ansible's back (drift)")
+    p.add_argument("--gpu", type=int, required=True)
+    p.add_argument("--limit-w", type=float, required=True)
+    p.set_defaults(func=cmd_power)
+
+    p = sub.add_parser("temp", help="set the GPU temperature")
+    p.add_argument("--gpu", type=int, required=True)
+    p.add_argument("--celsius", type=int, required=True)
+    p.set_defaults(func=cmd_temp)
+
+    p = sub.add_parser(
+        "kernel-version", help="set the loaded kernel module version (driver/library mismatch)"
+    )
+    p.add_argument("version")
+    p.set_defaults(func=cmd_kernel_version)
+
+    p = sub.add_parser("process", help="add or clear a compute process")
+    p.add_argument("--gpu", type=int, required=True)
+    p.add_argument("--pid", type=int)
+    action = p.add_mutually_exclusive_group(required=True)
+    action.add_argument("--add", action="store_true")
+    action.add_argument("--clear", action="store_true", help="remove --pid, or every process without it")
+    p.add_argument("--name", default="python3", help="process name (with --add)")
+    p.add_argument("--used-mib", type=_non_negative, default=1024, help="GPU memory it uses (with --add)")
+    p.set_defaults(func=cmd_process)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "ecc":
+        args.count = args.uncorrectable if args.uncorrectable is not None else args.corrected
+    if args.command == "remap" and not (
+        args.pending
+        or args.failure
+        or args.clear
+        or args.uncorrectable is not None
+        or args.correctable is not None
+    ):
+        parser.error(
+            "remap needs at least one of --pending, --failure, --uncorrectable K, --correctable K, --clear"
+        )
+    try:
+        print(args.func(args))
+    except CtlError as exc:
+        print(f"fake-nvml: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
