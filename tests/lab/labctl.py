@@ -1,0 +1,339 @@
+#!/usr/bin/env python3
+"""Bring the simulated three-node A100 lab up, repair it, show it, or destroy it.
+
+    labctl.py up        image (if missing or stale), mirror, network, nodes; repairs what it finds
+    labctl.py status    one line per lab container
+    labctl.py destroy   containers, network, image and .lab/ state: nothing left behind
+    labctl.py image [--rebuild]
+    labctl.py mirror
+
+Every podman call uses tests/lab/containers.conf through CONTAINERS_CONF, so the
+host's /etc/containers stays untouched. See docs/lab.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+LAB_SRC = REPO / "tests" / "lab"
+STATE = Path(os.environ.get("LAB_STATE_DIR", REPO / ".lab"))
+IMAGE = "localhost/llm-lab-node:bookworm"
+NETWORK = "llmlab"
+SUBNET = "10.89.42.0/24"
+MIRROR_NAME = "lab-mirror"
+MIRROR_IP = "10.89.42.2"
+LABEL = "llm-lab"
+SSH_KEY = STATE / "ssh" / "id_ed25519"
+GPU_SHAPE = "a100-pcie-40gb-x4"
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    ip: str
+    ssh_port: int
+
+
+NODES = (
+    Node("gpu-node-1", "10.89.42.11", 2201),
+    Node("gpu-node-2", "10.89.42.12", 2202),
+    Node("gpu-node-3", "10.89.42.13", 2203),
+)
+
+
+def log(message: str) -> None:
+    print(f"lab: {message}", flush=True)
+
+
+def podman(*args: str, check: bool = True, capture: bool = True) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env.setdefault("CONTAINERS_CONF", str(LAB_SRC / "containers.conf"))
+    result = subprocess.run(["podman", *args], env=env, text=True, capture_output=capture)
+    if check and result.returncode != 0:
+        raise LabError(f"podman {' '.join(args[:3])} ... failed: {(result.stderr or '').strip()}")
+    return result
+
+
+class LabError(RuntimeError):
+    pass
+
+
+def digest(paths: list[Path], extra: str = "") -> str:
+    h = hashlib.sha256(extra.encode())
+    for path in sorted(paths):
+        h.update(str(path.relative_to(REPO)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def image_inputs_hash() -> str:
+    return digest([LAB_SRC / "image" / "build_image.sh"])
+
+
+def image_label(name: str) -> str | None:
+    result = podman("image", "inspect", "--format", "{{ index .Labels \"llm-lab.inputs\" }}", name, check=False)
+    return result.stdout.strip() if result.returncode == 0 else None
+
+
+def ensure_image(rebuild: bool = False) -> None:
+    wanted = image_inputs_hash()
+    current = image_label(IMAGE)
+    if current == wanted and not rebuild:
+        log(f"image {IMAGE} is current ({wanted})")
+        return
+    reason = "rebuild asked" if rebuild else ("missing" if current is None else "its build inputs changed")
+    log(f"building image {IMAGE} ({reason})")
+    env = dict(os.environ, CONTAINERS_CONF=os.environ.get("CONTAINERS_CONF", str(LAB_SRC / "containers.conf")))
+    subprocess.run([str(LAB_SRC / "image" / "build_image.sh"), IMAGE, wanted], check=True, env=env)
+
+
+def ensure_ssh_key() -> None:
+    if SSH_KEY.exists():
+        return
+    SSH_KEY.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "llm-lab", "-f", str(SSH_KEY)], check=True)
+    log(f"created the lab SSH key {SSH_KEY.relative_to(REPO)}")
+
+
+def ensure_network() -> None:
+    if podman("network", "exists", NETWORK, check=False).returncode == 0:
+        subnets = podman("network", "inspect", NETWORK, "--format", "{{range .Subnets}}{{.Subnet}} {{end}}").stdout
+        if SUBNET in subnets.split():
+            return
+        log(f"network {NETWORK} has the wrong subnet ({subnets.strip()}); recreating it")
+        remove_containers()
+        podman("network", "rm", "-f", NETWORK)
+    podman("network", "create", "--subnet", SUBNET, "--label", LABEL, NETWORK)
+    log(f"created network {NETWORK} ({SUBNET})")
+
+
+def mirror_inputs() -> list[Path]:
+    files = [p for p in (LAB_SRC / "mirror").rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+    return [*files, LAB_SRC / "fake_nvml" / "pynvml.py"]
+
+
+def ensure_mirror_content() -> None:
+    wanted = digest(mirror_inputs())
+    stamp = STATE / "mirror" / "inputs"
+    if stamp.exists() and stamp.read_text() == wanted and (STATE / "mirror" / "www").is_dir():
+        return
+    log("building the mirror's stand-in packages")
+    subprocess.run(
+        [sys.executable, str(LAB_SRC / "mirror" / "build_mirror.py"), str(STATE / "mirror" / "www"), str(STATE / "gnupg")],
+        check=True,
+    )
+    stamp.write_text(wanted)
+
+
+def container_state(name: str) -> dict | None:
+    result = podman("container", "inspect", name, check=False)
+    if result.returncode != 0:
+        return None
+    return json.loads(result.stdout)[0]
+
+
+def ensure_container(name: str, config_key: str, run_args: list[str]) -> bool:
+    """Create, start or recreate one container; True when it had to be (re)created."""
+    config = hashlib.sha256((config_key + "\0".join(run_args) + image_inputs_hash()).encode()).hexdigest()[:16]
+    state = container_state(name)
+    if state is not None and state["Config"]["Labels"].get("llm-lab.config") != config:
+        log(f"{name}: made with another lab configuration; recreating it")
+        podman("rm", "-f", "-t", "5", name)
+        state = None
+    if state is None:
+        podman("run", "-d", "--name", name, "--label", f"{LABEL}=1", "--label", f"llm-lab.config={config}", *run_args)
+        log(f"{name}: created")
+        return True
+    if not state["State"]["Running"]:
+        log(f"{name}: was {state['State']['Status']}; starting it")
+        if podman("start", name, check=False).returncode != 0:
+            log(f"{name}: would not start; recreating it")
+            podman("rm", "-f", name)
+            return ensure_container(name, config_key, run_args)
+    return False
+
+
+def ensure_mirror() -> None:
+    ensure_mirror_content()
+    ensure_container(
+        MIRROR_NAME,
+        "mirror",
+        [
+            "--hostname", MIRROR_NAME, "--network", NETWORK, "--ip", MIRROR_IP,
+            "-v", f"{STATE / 'mirror'}:/srv/mirror:ro",
+            IMAGE, "python3", "-m", "http.server", "8080", "--bind", "0.0.0.0", "--directory", "/srv/mirror/www",
+        ],
+    )  # fmt: skip
+
+
+def ensure_node(node: Node) -> None:
+    created = ensure_container(
+        node.name,
+        f"node {node.ssh_port}",
+        [
+            "--hostname", node.name, "--network", NETWORK, "--ip", node.ip, "--no-hosts",
+            "-p", f"127.0.0.1:{node.ssh_port}:22", "--systemd=always",
+            "-v", f"{SSH_KEY}.pub:/home/labadmin/.ssh/authorized_keys:ro",
+            IMAGE,
+        ],
+    )  # fmt: skip
+    if created:
+        wait_for_systemd(node)
+
+
+def wait_for_systemd(node: Node, timeout_s: float = 90) -> None:
+    deadline = time.monotonic() + timeout_s
+    state = ""
+    while time.monotonic() < deadline:
+        state = podman("exec", node.name, "systemctl", "is-system-running", check=False).stdout.strip()
+        if state in ("running", "degraded"):
+            return
+        time.sleep(1)
+    raise LabError(f"{node.name}: systemd did not come up within {timeout_s:.0f}s (last state: {state!r})")
+
+
+def install_fake_gpus(node: Node) -> None:
+    """Copy the fake NVML and its control CLI to the node; create the GPU state once."""
+    podman("exec", node.name, "mkdir", "-p", "/usr/local/lib/fake-nvml")
+    for name in ("pynvml.py", "fake_nvml_ctl.py"):
+        podman("cp", str(LAB_SRC / "fake_nvml" / name), f"{node.name}:/usr/local/lib/fake-nvml/{name}")
+    wrapper = "#!/bin/sh\nexec /usr/bin/python3 /usr/local/lib/fake-nvml/fake_nvml_ctl.py \"$@\"\n"
+    podman(
+        "exec", node.name, "sh", "-c",
+        f"printf '%s' '{wrapper}' > /usr/local/sbin/fake-nvml && chmod 0755 /usr/local/sbin/fake-nvml",
+    )  # fmt: skip
+    has_state = podman("exec", node.name, "test", "-f", "/var/lib/fake-nvml/state.json", check=False).returncode == 0
+    if not has_state:
+        podman("exec", node.name, "fake-nvml", "init", "--shape", GPU_SHAPE, "--host", node.name)
+        log(f"{node.name}: simulated GPUs initialised ({GPU_SHAPE})")
+
+
+def wait_for_ssh(node: Node, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", node.ssh_port), timeout=2):
+                pass
+            result = subprocess.run(
+                ["ssh", "-F", str(STATE / "ssh_config"), "-o", "ConnectTimeout=5", node.name, "true"],
+                capture_output=True,
+                text=True,
+            )
+            if result.returncode == 0:
+                return
+            last = result.stderr.strip()
+        except OSError as err:
+            last = str(err)
+        time.sleep(1)
+    raise LabError(f"{node.name}: no SSH on 127.0.0.1:{node.ssh_port} within {timeout_s:.0f}s ({last})")
+
+
+def write_ssh_config() -> None:
+    lines = []
+    for node in NODES:
+        lines += [
+            f"Host {node.name}",
+            "  HostName 127.0.0.1",
+            f"  Port {node.ssh_port}",
+            "  User labadmin",
+            f"  IdentityFile {SSH_KEY}",
+            "  IdentitiesOnly yes",
+            # Node host keys are new each time a node is recreated: nothing to pin in a lab.
+            "  StrictHostKeyChecking no",
+            "  UserKnownHostsFile /dev/null",
+            "  LogLevel ERROR",
+            "",
+        ]
+    (STATE / "ssh_config").write_text("\n".join(lines))
+
+
+def remove_containers() -> None:
+    names = podman("ps", "-a", "--filter", f"label={LABEL}", "--format", "{{.Names}}").stdout.split()
+    if names:
+        podman("rm", "-f", "-t", "5", *names)
+        log(f"removed containers: {' '.join(names)}")
+
+
+def cmd_up(_: argparse.Namespace) -> None:
+    started = time.monotonic()
+    STATE.mkdir(parents=True, exist_ok=True)
+    ensure_ssh_key()
+    write_ssh_config()
+    ensure_image()
+    ensure_network()
+    ensure_mirror()
+    for node in NODES:
+        ensure_node(node)
+    for node in NODES:
+        wait_for_systemd(node)
+        install_fake_gpus(node)
+        wait_for_ssh(node)
+    log(f"up in {time.monotonic() - started:.0f}s: " + ", ".join(f"{n.name} (ssh 127.0.0.1:{n.ssh_port})" for n in NODES))
+    log(f"ssh into a node: ssh -F {(STATE / 'ssh_config').relative_to(REPO)} gpu-node-1")
+
+
+def cmd_status(_: argparse.Namespace) -> None:
+    result = podman(
+        "ps", "-a", "--filter", f"label={LABEL}", "--format", "{{.Names}}\t{{.Status}}\t{{.Ports}}", check=False
+    )
+    print(result.stdout.strip() or "lab: no lab containers")
+    print(f"image {IMAGE}: {'present' if image_label(IMAGE) else 'absent'}")
+
+
+def cmd_destroy(_: argparse.Namespace) -> None:
+    remove_containers()
+    if podman("network", "exists", NETWORK, check=False).returncode == 0:
+        podman("network", "rm", "-f", NETWORK)
+        log(f"removed network {NETWORK}")
+    if image_label(IMAGE) is not None:
+        podman("rmi", "-f", IMAGE)
+        log(f"removed image {IMAGE}")
+    if STATE.exists():
+        subprocess.run(["rm", "-rf", str(STATE)], check=True)
+        log(f"removed {STATE.relative_to(REPO)}/")
+    log("destroyed: nothing of the lab is left")
+
+
+def cmd_image(args: argparse.Namespace) -> None:
+    ensure_image(rebuild=args.rebuild)
+
+
+def cmd_mirror(_: argparse.Namespace) -> None:
+    STATE.mkdir(parents=True, exist_ok=True)
+    ensure_image()
+    ensure_network()
+    ensure_mirror()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("up").set_defaults(func=cmd_up)
+    sub.add_parser("status").set_defaults(func=cmd_status)
+    sub.add_parser("destroy").set_defaults(func=cmd_destroy)
+    image = sub.add_parser("image")
+    image.add_argument("--rebuild", action="store_true", help="rebuild even if the image is current")
+    image.set_defaults(func=cmd_image)
+    sub.add_parser("mirror").set_defaults(func=cmd_mirror)
+    args = parser.parse_args()
+    try:
+        args.func(args)
+    except (LabError, subprocess.CalledProcessError) as err:
+        print(f"lab: ERROR: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,423 @@
+#!/usr/bin/env python3
+"""Build the lab mirror: stand-in vendor packages in signed flat apt repositories,
+a PEP 503 index with the lab's fake pynvml under the real distribution name, and
+stand-in .run driver installers.
+
+    python tests/lab/mirror/build_mirror.py OUTPUT_DIR
+
+The packages are real .deb files with the vendors' names and versions (see
+packages.yml) so that apt sources, pinning, holds and upgrades behave as they do
+against NVIDIA's and Kubernetes' repositories. Their payloads are tiny: only what
+a test observes. Every package says in its description that it is a lab stand-in.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+FAKE_NVML_DIR = HERE.parent / "fake_nvml"
+PAYLOADS = HERE / "payloads"
+GPG_UID = "LLM Lab Mirror (stand-in vendor archive key) <lab-mirror@llm-lab.invalid>"
+
+REPO_PATHS = {
+    "cuda": "cuda/ubuntu2204/x86_64",
+    "ubuntu-restricted": "ubuntu-restricted",
+    "kubernetes": "kubernetes/v1.29/deb",
+}
+
+
+@dataclass
+class Package:
+    name: str
+    version: str
+    repo: str
+    summary: str
+    depends: list[str] = field(default_factory=list)
+    provides: list[str] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)
+    files: dict[str, tuple[str, int]] = field(default_factory=dict)  # path -> (content, mode)
+    postinst: str = ""
+    prerm: str = ""
+    architecture: str = "amd64"
+
+
+def payload(name: str, **values: str) -> str:
+    text = (PAYLOADS / name).read_text()
+    for key, value in values.items():
+        text = text.replace("@" + key.upper() + "@", value)
+    return text
+
+
+def driver_packages(branch: str, upstream: str, flavour: str) -> list[Package]:
+    """The package set of one driver release, as NVIDIA's CUDA repo or Ubuntu ships it."""
+    suffix = "-server" if flavour == "ubuntu-restricted" else ""
+    version = f"{upstream}-0ubuntu0.22.04.1" if suffix else f"{upstream}-0ubuntu1"
+    repo = flavour
+    lib = payload("libnvidia-ml.so.1", version=upstream)
+    parts = {
+        "nvidia-utils": ({"/usr/bin/nvidia-smi": (payload("nvidia-smi"), 0o755)}, "NVIDIA driver support binaries"),
+        "libnvidia-compute": (
+            {"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1": (lib, 0o644)},
+            "NVIDIA libcompute package (the NVML library)",
+        ),
+        "nvidia-compute-utils": (
+            {
+                "/usr/bin/nvidia-persistenced": (payload("nvidia-persistenced"), 0o755),
+                "/lib/systemd/system/nvidia-persistenced.service": (
+                    payload("nvidia-persistenced.service"),
+                    0o644,
+                ),
+            },
+            "NVIDIA compute utilities (nvidia-persistenced)",
+        ),
+        "nvidia-kernel-common": ({}, "Shared files used with the kernel module"),
+        "nvidia-dkms": ({}, "NVIDIA DKMS package (kernel modules are not simulated)"),
+    }
+    packages = []
+    for base, (files, summary) in parts.items():
+        name = f"{base}-{branch}{suffix}"
+        packages.append(
+            Package(
+                name=name,
+                version=version,
+                repo=repo,
+                summary=summary,
+                files=files,
+                provides=[base],
+                conflicts=[base],
+            )
+        )
+    packages.append(
+        Package(
+            name=f"nvidia-driver-{branch}{suffix}",
+            version=version,
+            repo=repo,
+            summary="NVIDIA driver metapackage",
+            depends=[f"{p.name} (= {version})" for p in packages],
+        )
+    )
+    packages.append(
+        Package(
+            name=f"nvidia-fabricmanager-{branch}",
+            version=f"{upstream}-0ubuntu0.22.04.1" if suffix else f"{upstream}-1",
+            repo=repo,
+            summary="Fabric Manager for NVSwitch based systems",
+            files={
+                "/usr/bin/nv-fabricmanager": (payload("nv-fabricmanager", version=upstream), 0o755),
+                "/lib/systemd/system/nvidia-fabricmanager.service": (
+                    payload("nvidia-fabricmanager.service"),
+                    0o644,
+                ),
+            },
+        )
+    )
+    if not suffix:
+        packages.append(
+            Package(
+                name=f"cuda-drivers-{branch}",
+                version=f"{upstream}-1",
+                repo=repo,
+                summary=f"CUDA drivers metapackage for branch {branch}",
+                depends=[f"nvidia-driver-{branch} (>= {upstream})"],
+            )
+        )
+    return packages
+
+
+def all_packages(spec: dict) -> list[Package]:
+    packages: list[Package] = []
+    newest_branch = max(spec["driver_branches"], key=lambda b: [int(x) for x in b["upstream"].split(".")])
+    for release in spec["driver_branches"]:
+        packages += driver_packages(release["branch"], release["upstream"], "cuda")
+        if release["branch"] == "535":
+            packages += driver_packages(release["branch"], release["upstream"], "ubuntu-restricted")
+    packages.append(
+        Package(
+            name="cuda-drivers",
+            version=f"{newest_branch['upstream']}-1",
+            repo="cuda",
+            summary="CUDA drivers metapackage: always the newest branch (the trap the roles avoid)",
+            depends=[f"cuda-drivers-{newest_branch['branch']} (>= {newest_branch['upstream']})"],
+        )
+    )
+    for toolkit in spec["cuda_toolkits"]:
+        release = toolkit["release"]
+        prefix = f"/usr/local/cuda-{release}"
+        priority = release.replace(".", "")
+        packages.append(
+            Package(
+                name=toolkit["name"],
+                version=toolkit["version"],
+                repo="cuda",
+                summary=f"CUDA Toolkit {release} meta-package",
+                files={
+                    f"{prefix}/bin/nvcc": (payload("nvcc", release=release, nvcc=toolkit["nvcc"]), 0o755),
+                    f"{prefix}/version.json": (
+                        f'{{"cuda": {{"name": "CUDA SDK", "version": "{toolkit["version"].split("-")[0]}"}}}}\n',
+                        0o644,
+                    ),
+                },
+                postinst=f"update-alternatives --install /usr/local/cuda cuda {prefix} {priority}\n",
+                prerm=f'if [ "$1" = remove ]; then update-alternatives --remove cuda {prefix}; fi\n',
+            )
+        )
+    meta = spec["cuda_metapackage"]
+    packages.append(
+        Package(
+            name="cuda",
+            version=meta["version"],
+            repo="cuda",
+            summary="CUDA metapackage: newest toolkit AND newest driver (the trap the roles avoid)",
+            depends=[f"{meta['toolkit']} (>= {meta['version'].split('-')[0]})", f"cuda-drivers (>= {meta['min_driver']})"],
+        )
+    )
+    ctk = spec["container_toolkit"]["version"]
+    packages.append(
+        Package(
+            name="nvidia-container-toolkit-base",
+            version=ctk,
+            repo="cuda",
+            summary="NVIDIA Container Toolkit base",
+            files={"/usr/bin/nvidia-ctk": (payload("nvidia-ctk", version=ctk.split("-")[0]), 0o755)},
+        )
+    )
+    packages.append(
+        Package(
+            name="nvidia-container-toolkit",
+            version=ctk,
+            repo="cuda",
+            summary="NVIDIA Container toolkit",
+            depends=[f"nvidia-container-toolkit-base (= {ctk})"],
+        )
+    )
+    k8s = spec["kubernetes"]
+    packages.append(Package(name="cri-tools", version=k8s["cri_tools"], repo="kubernetes", summary="crictl"))
+    packages.append(
+        Package(name="kubernetes-cni", version=k8s["cni"], repo="kubernetes", summary="Kubernetes CNI plugins")
+    )
+    for version in k8s["versions"]:
+        upstream = "v" + version.split("-")[0]
+        for tool in ("kubeadm", "kubectl", "kubelet"):
+            files = {f"/usr/bin/{tool}": (payload("kube-tool", tool=tool, version=upstream), 0o755)}
+            depends = []
+            if tool == "kubelet":
+                files["/lib/systemd/system/kubelet.service"] = (payload("kubelet.service"), 0o644)
+                depends = ["kubernetes-cni (>= 1.2.0)"]
+            if tool == "kubeadm":
+                depends = ["kubelet (>= 1.29.0)", "kubectl (>= 1.29.0)", "cri-tools (>= 1.29.0)"]
+            packages.append(
+                Package(
+                    name=tool,
+                    version=version,
+                    repo="kubernetes",
+                    summary=f"Kubernetes {tool}",
+                    files=files,
+                    depends=depends,
+                )
+            )
+    return packages
+
+
+def control_file(pkg: Package) -> str:
+    lines = [
+        f"Package: {pkg.name}",
+        f"Version: {pkg.version}",
+        f"Architecture: {pkg.architecture}",
+        "Maintainer: LLM platform lab <lab@llm-lab.invalid>",
+        "Section: lab",
+        "Priority: optional",
+    ]
+    for key, values in (("Depends", pkg.depends), ("Provides", pkg.provides), ("Conflicts", pkg.conflicts)):
+        if values:
+            lines.append(f"{key}: {', '.join(values)}")
+    if pkg.conflicts:
+        lines.append(f"Replaces: {', '.join(pkg.conflicts)}")
+    lines.append(f"Description: {pkg.summary} (LAB STAND-IN)")
+    lines.append(" Lab stand-in for the vendor package of this name and version. It installs only")
+    lines.append(" what the project's tests observe; it contains no vendor software.")
+    return "\n".join(lines) + "\n"
+
+
+def build_deb(pkg: Package, out_dir: Path, scratch: Path) -> Path:
+    root = scratch / f"{pkg.name}_{pkg.version}"
+    (root / "DEBIAN").mkdir(parents=True)
+    (root / "DEBIAN" / "control").write_text(control_file(pkg))
+    for script, body in (("postinst", pkg.postinst), ("prerm", pkg.prerm)):
+        if body:
+            path = root / "DEBIAN" / script
+            path.write_text("#!/bin/sh\nset -e\n" + body)
+            path.chmod(0o755)
+    doc = root / "usr/share/doc" / pkg.name / "README.lab"
+    doc.parent.mkdir(parents=True)
+    doc.write_text(f"{pkg.name} {pkg.version}: lab stand-in, see docs/lab.md of the project.\n")
+    for path, (content, mode) in pkg.files.items():
+        target = root / path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(content)
+        target.chmod(mode)
+    deb = out_dir / f"{pkg.name}_{pkg.version}_{pkg.architecture}.deb"
+    subprocess.run(
+        ["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(root), str(deb)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    return deb
+
+
+def gpg(gnupg_home: Path, *args: str) -> None:
+    subprocess.run(
+        ["gpg", "--batch", "--yes", "--quiet", "--homedir", str(gnupg_home), *args],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def ensure_key(gnupg_home: Path) -> None:
+    gnupg_home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    listing = subprocess.run(
+        ["gpg", "--batch", "--homedir", str(gnupg_home), "--list-secret-keys", GPG_UID],
+        capture_output=True,
+    )
+    if listing.returncode != 0:
+        gpg(gnupg_home, "--passphrase", "", "--quick-gen-key", GPG_UID, "ed25519", "sign", "never")
+
+
+def index_flat_repo(repo_dir: Path, origin: str, gnupg_home: Path) -> None:
+    packages = subprocess.run(
+        ["apt-ftparchive", "packages", "."], cwd=repo_dir, check=True, capture_output=True, text=True
+    ).stdout
+    (repo_dir / "Packages").write_text(packages)
+    release = subprocess.run(
+        [
+            "apt-ftparchive",
+            "-o",
+            f"APT::FTPArchive::Release::Origin={origin}",
+            "-o",
+            "APT::FTPArchive::Release::Label=LLM lab stand-in",
+            "release",
+            ".",
+        ],
+        cwd=repo_dir,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    (repo_dir / "Release").write_text(release)
+    gpg(gnupg_home, "--local-user", GPG_UID, "--clearsign", "-o", str(repo_dir / "InRelease"), str(repo_dir / "Release"))
+    gpg(gnupg_home, "--local-user", GPG_UID, "-abs", "-o", str(repo_dir / "Release.gpg"), str(repo_dir / "Release"))
+
+
+def build_wheel(version: str, out_dir: Path) -> Path:
+    """Package the lab's fake pynvml as nvidia-ml-py, the distribution the roles install."""
+    source = FAKE_NVML_DIR / "pynvml.py"
+    if not source.is_file():
+        raise SystemExit(f"build_mirror: {source} is missing (the lab's fake pynvml)")
+    dist = f"nvidia_ml_py-{version}"
+    wheel = out_dir / f"{dist}-py3-none-any.whl"
+    files = {
+        "pynvml.py": source.read_bytes(),
+        f"{dist}.dist-info/METADATA": (
+            f"Metadata-Version: 2.1\nName: nvidia-ml-py\nVersion: {version}\n"
+            "Summary: LAB STAND-IN: the project's fake pynvml, driven by /var/lib/fake-nvml/state.json\n"
+        ).encode(),
+        f"{dist}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: llm-lab\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{dist}.dist-info/top_level.txt": b"pynvml\n",
+    }
+    record = []
+    for name, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(data)}")
+    record.append(f"{dist}.dist-info/RECORD,,")
+    files[f"{dist}.dist-info/RECORD"] = ("\n".join(record) + "\n").encode()
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in files.items():
+            info = zipfile.ZipInfo(name, date_time=(2024, 1, 1, 0, 0, 0))
+            info.external_attr = 0o644 << 16
+            archive.writestr(info, data)
+    return wheel
+
+
+def write_simple_index(pypi_dir: Path, project: str, wheel: Path) -> None:
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    project_dir = pypi_dir / "simple" / project
+    project_dir.mkdir(parents=True, exist_ok=True)
+    shutil.move(str(wheel), project_dir / wheel.name)
+    (project_dir / "index.html").write_text(
+        f'<!DOCTYPE html><html><body><a href="{wheel.name}#sha256={digest}">{wheel.name}</a></body></html>\n'
+    )
+    (pypi_dir / "simple" / "index.html").write_text(
+        f'<!DOCTYPE html><html><body><a href="{project}/">{project}</a></body></html>\n'
+    )
+
+
+def build(output: Path, gnupg_home: Path) -> None:
+    spec = yaml.safe_load((HERE / "packages.yml").read_text())
+    ensure_key(gnupg_home)
+    staging = Path(tempfile.mkdtemp(prefix="llm-lab-mirror."))
+    try:
+        tree = staging / "tree"
+        packages = all_packages(spec)
+        for repo, rel in REPO_PATHS.items():
+            (tree / rel).mkdir(parents=True)
+        with tempfile.TemporaryDirectory() as scratch:
+            for pkg in packages:
+                build_deb(pkg, tree / REPO_PATHS[pkg.repo], Path(scratch))
+        for repo, rel in REPO_PATHS.items():
+            index_flat_repo(tree / rel, f"llm-lab-{repo}", gnupg_home)
+        (tree / "keys").mkdir()
+        key = subprocess.run(
+            ["gpg", "--batch", "--homedir", str(gnupg_home), "--armor", "--export", GPG_UID],
+            check=True,
+            capture_output=True,
+        ).stdout
+        (tree / "keys" / "lab-archive-key.asc").write_bytes(key)
+        (tree / "nvidia").mkdir()
+        for upstream in spec["run_installers"]:
+            runfile = tree / "nvidia" / f"NVIDIA-Linux-x86_64-{upstream}.run"
+            runfile.write_text(
+                payload(
+                    "nvidia-installer.run",
+                    version=upstream,
+                    lib=payload("libnvidia-ml.so.1", version=upstream),
+                    smi=payload("nvidia-smi"),
+                )
+            )
+            runfile.chmod(0o755)
+        (tree / "pypi").mkdir()
+        write_simple_index(tree / "pypi", "nvidia-ml-py", build_wheel(spec["pypi"]["nvidia-ml-py"], staging))
+        # Swap in whole so a running mirror never serves a half-written tree for long.
+        if output.exists():
+            old = output.with_name(output.name + ".old")
+            shutil.rmtree(old, ignore_errors=True)
+            output.rename(old)
+            shutil.rmtree(old)
+        output.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(tree), output)
+        count = len(packages)
+        print(f"lab-mirror: {count} stand-in packages in {len(REPO_PATHS)} signed repos, pypi index, run installers")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def main() -> None:
+    if len(sys.argv) != 3:
+        raise SystemExit("usage: build_mirror.py OUTPUT_DIR GNUPG_HOME")
+    os.umask(0o022)
+    build(Path(sys.argv[1]).resolve(), Path(sys.argv[2]).resolve())
+
+
+if __name__ == "__main__":
+    main()
