@@ -1,0 +1,205 @@
+#!/usr/bin/python
+"""Ansible module gpu_facts: NVIDIA driver, GPUs, NVLinks and topology as ansible_facts.nvidia."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: gpu_facts
+short_description: Gather NVIDIA GPU facts through NVML
+description:
+  - Reads the NVIDIA driver version, every GPU (identity, memory, persistence mode, power limits,
+    temperatures, ECC mode and counters, remapped rows, retired pages, NVLinks, compute processes) and the
+    GPU topology matrix through NVML (the C(pynvml) module of C(nvidia-ml-py)), and sets them as
+    C(ansible_facts.nvidia).
+  - Replaces C(nvidia-smi | grep | awk) pipelines, which break when a driver update changes the output.
+  - A value the GPU or driver does not support is C(null). A GPU that cannot be read (for example a lost GPU)
+    gets an C(error) message and null values, and the module warns; the other GPUs are still reported.
+  - When the running Python cannot import C(pynvml), the module re-runs itself under
+    C(/opt/nvidia-ml-py/bin/python3), where the C(nvidia_driver) role installs C(nvidia-ml-py).
+  - Never changes anything. Does not need root.
+version_added: "0.1.0"
+author: "A100 LLM platform team"
+options: {}
+attributes:
+  check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
+    support: full
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode),
+      when in diff mode.
+    support: none
+  facts:
+    description: Action returns an C(ansible_facts) dictionary that will update existing host facts.
+    support: full
+requirements:
+  - NVIDIA driver (libnvidia-ml.so.1) on the target
+  - nvidia-ml-py (the pynvml module), in the target's Python or in /opt/nvidia-ml-py
+notes:
+  - Errors are explained with the fix, for example a driver/library version mismatch after a driver
+    upgrade (reload the nvidia kernel modules or reboot). See docs/gpu-modules.md.
+seealso:
+  - module: gpu_health
+  - module: gpu_topology
+  - module: gpu_settings
+"""
+
+EXAMPLES = r"""
+- name: Gather GPU facts
+  gpu_facts:
+
+- name: Show driver and GPU count
+  ansible.builtin.debug:
+    msg: "driver {{ ansible_facts.nvidia.driver_version }}, {{ ansible_facts.nvidia.gpu_count }} GPUs"
+
+- name: Every GPU must be an A100
+  ansible.builtin.assert:
+    that: ansible_facts.nvidia.gpus | map(attribute='name') | select('search', 'A100') | list | length
+          == ansible_facts.nvidia.gpu_count
+
+# Ad hoc, from the project root:
+#   ansible -i inventories/lab gpu_nodes -m gpu_facts
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: Facts under the key C(nvidia).
+  returned: success
+  type: complex
+  contains:
+    nvidia:
+      description: NVIDIA driver and GPU facts.
+      returned: success
+      type: complex
+      contains:
+        driver_version:
+          description: User-space driver version, as C(nvidia-smi) prints it.
+          type: str
+          sample: "535.183.06"
+        cuda_driver_version:
+          description: Highest CUDA version the driver supports.
+          type: str
+          sample: "12.2"
+        nvml_version:
+          description: NVML library version.
+          type: str
+          sample: "12.535.183.06"
+        gpu_count:
+          description: Number of GPUs NVML enumerates.
+          type: int
+          sample: 4
+        gpus:
+          description: One entry per GPU, in NVML index order.
+          type: list
+          elements: dict
+          contains:
+            index: {description: NVML index., type: int, sample: 0}
+            uuid: {description: GPU UUID., type: str, sample: "GPU-5fb1e2a7-18cd-d813-b517-d285bf3138bb"}
+            name: {description: Product name., type: str, sample: "NVIDIA A100-PCIE-40GB"}
+            serial: {description: Board serial number (null if unsupported)., type: str}
+            pci_bus_id: {description: PCI bus id (8-digit domain)., type: str, sample: "00000000:17:00.0"}
+            memory_total_mib: {description: Total framebuffer memory in MiB., type: int, sample: 40960}
+            memory_used_mib: {description: Used framebuffer memory in MiB., type: int, sample: 0}
+            persistence_mode: {description: Whether persistence mode is on., type: bool}
+            power:
+              description: Power limits and draw in watts (NVML reports milliwatts).
+              type: dict
+              contains:
+                limit_w: {description: Current power limit., type: float, sample: 250}
+                default_limit_w: {description: Default power limit., type: float, sample: 250}
+                min_limit_w: {description: Lowest settable limit., type: float, sample: 150}
+                max_limit_w: {description: Highest settable limit., type: float, sample: 250}
+                enforced_limit_w: {description: Limit the GPU enforces now., type: float, sample: 250}
+                draw_w: {description: Current power draw., type: float, sample: 36.03}
+            temperature:
+              description: Temperatures in Celsius.
+              type: dict
+              contains:
+                gpu_c: {description: GPU core temperature., type: int, sample: 33}
+                slowdown_c: {description: Temperature at which the GPU slows down., type: int, sample: 89}
+                shutdown_c: {description: Temperature at which the GPU shuts down., type: int, sample: 92}
+                gpu_max_c: {description: Maximum operating temperature., type: int, sample: 85}
+                target_c: {description: GPU target temperature (null if unsupported, as on A100)., type: int}
+            ecc:
+              description: ECC mode and error counters (volatile since the driver loaded, aggregate lifetime).
+              type: dict
+              contains:
+                enabled: {description: ECC mode now., type: bool}
+                pending_enabled: {description: ECC mode after the next reset., type: bool}
+                volatile_corrected: {description: Corrected errors since the driver loaded., type: int}
+                volatile_uncorrected: {description: Uncorrectable errors since the driver loaded., type: int}
+                aggregate_corrected: {description: Corrected errors over the GPU's life., type: int}
+                aggregate_uncorrected: {description: Uncorrectable errors over the GPU's life., type: int}
+            remapped_rows:
+              description: Row remapping (A100 and later); null where the GPU does not remap rows.
+              type: dict
+              contains:
+                correctable: {description: Rows remapped for correctable errors., type: int}
+                uncorrectable: {description: Rows remapped for uncorrectable errors., type: int}
+                pending: {description: A remap waits for a GPU reset., type: bool}
+                failure: {description: A remap failed; the GPU needs replacing., type: bool}
+            retired_pages:
+              description: Page retirement on GPUs that retire pages; null on GPUs that remap rows (A100).
+              type: dict
+              contains:
+                single_bit_ecc: {description: Pages retired for multiple single-bit errors., type: int}
+                double_bit_ecc: {description: Pages retired for double-bit errors., type: int}
+                pending: {description: Pages wait to be retired at the next reset., type: bool}
+            nvlinks:
+              description: The GPU's NVLinks.
+              type: list
+              elements: dict
+              contains:
+                link: {description: Link number., type: int}
+                active: {description: Whether the link is up., type: bool}
+                remote_pci_bus_id: {description: PCI bus id of the far end., type: str}
+                remote_device_type: {description: "C(gpu), C(switch), C(ibmnpu) or C(unknown).", type: str}
+                remote_gpu_index: {description: Far-end GPU's index here; null for an NVSwitch., type: int}
+            processes:
+              description: Compute processes on the GPU.
+              type: list
+              elements: dict
+              contains:
+                pid: {description: Process id., type: int}
+                used_memory_mib: {description: GPU memory it uses., type: int}
+            error:
+              description: Why this GPU could not be read (for example a lost GPU); null when it was read.
+              type: str
+        topology:
+          description:
+            - "C(topology[i][j]) as C(nvidia-smi topo -m) names it: C(X) on the diagonal, C(NV<n>) for n
+              active NVLinks (direct over bridges or through NVSwitches), else C(PIX), C(PXB), C(PHB),
+              C(NODE) or C(SYS); null when unknown."
+          type: list
+          elements: list
+          sample: [["X", "NV12", "SYS", "SYS"], ["NV12", "X", "SYS", "SYS"]]
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.gpu_inventory import read_node, topology_matrix
+from ansible.module_utils.nvml_session import NvmlUnavailable, describe_error, nvml_session, require_pynvml
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec={}, supports_check_mode=True)
+    nvml = require_pynvml(module)
+    try:
+        with nvml_session(nvml):
+            node = read_node(nvml)
+            topology = topology_matrix(nvml, node.gpus)
+    except NvmlUnavailable as exc:
+        module.fail_json(msg=str(exc))
+    except nvml.NVMLError as exc:
+        module.fail_json(msg=describe_error(exc, "Reading the GPUs"))
+
+    for gpu in node.gpus:
+        if gpu.error_message:
+            module.warn(gpu.error_message)
+    facts = dict(node.system)
+    facts["gpus"] = [gpu.facts for gpu in node.gpus]
+    facts["topology"] = topology
+    module.exit_json(changed=False, ansible_facts={"nvidia": facts})
+
+
+if __name__ == "__main__":
+    main()
