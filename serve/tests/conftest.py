@@ -1,0 +1,54 @@
+"""Fixtures: simulators and gateways on loopback, torn down after each test."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from gwtest import BackgroundLoop, Gateway, Sim, gateway_config
+from vllm_sim.engine import SimConfig
+
+
+@pytest.fixture(scope="session")
+def bg() -> Iterator[BackgroundLoop]:
+    loop = BackgroundLoop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture
+def make_sim(bg: BackgroundLoop) -> Iterator[Callable[..., Sim]]:
+    sims: list[Sim] = []
+
+    def make(**settings: Any) -> Sim:
+        settings.setdefault("served_models", ["m"])
+        sim = Sim(bg, SimConfig(**settings))
+        sims.append(sim)
+        return sim
+
+    yield make
+    for sim in sims:
+        sim.stop()
+
+
+@pytest.fixture
+def make_gateway(bg: BackgroundLoop, tmp_path: Path) -> Iterator[Callable[..., Gateway]]:
+    gateways: list[Gateway] = []
+
+    def make(upstreams: dict[str, list[dict[str, Any]]], **sections: Any) -> Gateway:
+        gateway = Gateway(bg, gateway_config(upstreams, tmp_path, **sections))
+        gateways.append(gateway)
+        return gateway
+
+    yield make
+    for gateway in gateways:
+        gateway.stop()
+
+
+@pytest.fixture
+def client() -> Iterator[httpx.Client]:
+    with httpx.Client(timeout=30) as c:
+        yield c
