@@ -235,3 +235,18 @@ def test_handle_of_a_gpu_lost_later(pcie_node: FakeNode, nvml: Any) -> None:
     with pytest.raises(nvml.NVMLError_GpuIsLost):
         nvml.nvmlDeviceGetHandleByIndex(3)
     assert nvml.nvmlDeviceGetCount() == 4
+
+
+def test_show_json_and_load_round_trip(
+    pcie_node: FakeNode, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    saved = tmp_path / "saved.json"
+    capsys.readouterr()
+    pcie_node.ctl("show", "--json")
+    saved.write_text(capsys.readouterr().out)
+    pcie_node.ctl("ecc", "--gpu", "0", "--uncorrectable", "1")
+    assert pcie_node.ctl("load", str(saved)) == 0
+    assert pcie_node.state() == json.loads(saved.read_text())
+    saved.write_text("{}")
+    assert pcie_node.ctl("load", str(saved)) == 1
+    assert "not a fake-nvml state" in capsys.readouterr().err

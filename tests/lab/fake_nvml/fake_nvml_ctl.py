@@ -352,6 +352,27 @@ def cmd_reset(args: argparse.Namespace) -> str:
     return f"reset {path}: {state['shape']} for host {state['host']}, kernel module {kernel}"
 
 
+def cmd_load(args: argparse.Namespace) -> str:
+    """Replace the state with one saved by `show --json` (tests save and restore a node this way)."""
+    path = state_path()
+    source = sys.stdin if args.file == "-" else None
+    try:
+        if source is not None:
+            text = source.read()
+        else:
+            with open(args.file, encoding="utf-8") as f:
+                text = f.read()
+        saved = json.loads(text)
+    except (OSError, ValueError) as exc:
+        raise CtlError(f"cannot read a saved state from {args.file}: {exc}") from exc
+    if not isinstance(saved, dict) or saved.get("schema") != STATE_SCHEMA or "gpus" not in saved:
+        raise CtlError(f"{args.file} is not a fake-nvml state (from `fake-nvml show --json`)")
+    with locked(path, must_exist=False) as state:
+        state.clear()
+        state.update(saved)
+    return f"loaded {args.file} into {path}"
+
+
 def _watts(mw: int) -> str:
     return f"{mw / 1000:g}"
 
@@ -579,6 +600,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("show", help="print the GPUs and their faults")
     p.add_argument("--json", action="store_true", help="print the raw state")
     p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("load", help="replace the state with one saved by show --json")
+    p.add_argument("file", help="saved state file, or - for standard input")
+    p.set_defaults(func=cmd_load)
 
     p = sub.add_parser("reset", help="clear every fault and setting (a reboot of the node)")
     p.set_defaults(func=cmd_reset)
