@@ -120,6 +120,14 @@ class SimApp:
         if model not in self.config.served_models:
             await _respond(send, 404, _error(f"The model `{model}` does not exist.", "NotFoundError", 404))
             return
+        max_tokens = payload.get("max_completion_tokens") or payload.get("max_tokens")
+        if isinstance(max_tokens, int) and max_tokens > self.config.max_model_len:
+            message = (
+                f"This model's maximum context length is {self.config.max_model_len} tokens. "
+                f"However, you requested {max_tokens} output tokens."
+            )
+            await _respond(send, 400, _error(message, "BadRequestError", 400))
+            return
         engine = self.engine
         try:
             await engine.admit()

@@ -24,6 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--max-tokens", type=int, default=16, dest="default_max_tokens", help="default output length"
     )
+    parser.add_argument("--max-model-len", type=int, default=4096, help="larger max_tokens is refused (400)")
     parser.add_argument("--reply", nargs="+", help="fixed output tokens, one per stream chunk")
     parser.add_argument("--error-rate", type=float, default=0.0, help="share of requests answered 500")
     parser.add_argument("--hang-rate", type=float, default=0.0, help="share of requests that never answer")
@@ -45,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         max_num_seqs=args.max_num_seqs,
         max_queue=args.max_queue,
         default_max_tokens=args.default_max_tokens,
+        max_model_len=args.max_model_len,
         reply=args.reply,
         error_rate=args.error_rate,
         hang_rate=args.hang_rate,

@@ -26,6 +26,7 @@ class SimConfig:
     max_num_seqs: int = 256
     max_queue: int = 1024
     default_max_tokens: int = 16
+    max_model_len: int = 4096  # max_tokens above this is refused with 400, as vLLM does
     reply: list[str] | None = None  # fixed output tokens (one per chunk); else generated words
     error_rate: float = 0.0  # share of requests answered 500
     hang_rate: float = 0.0  # share of requests that never answer
