@@ -129,6 +129,7 @@ def check(module: AnsibleModule, nvml: ModuleType, pairs: list[tuple[int, int]])
         absent = [i for i in (a, b) if i not in by_index]
         unreadable = [i for i in (a, b) if i in by_index and by_index[i].error_reason]
         links = None
+        problem: str | None
         if absent:
             problem = f"GPU {' and '.join(map(str, absent))} not present"
         elif unreadable:

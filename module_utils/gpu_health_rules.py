@@ -112,7 +112,7 @@ def gpu_findings(
     corrected = ecc.get("volatile_corrected")
     if (
         corrected_errors_threshold is not None
-        and _positive(corrected)
+        and isinstance(corrected, int)
         and corrected > corrected_errors_threshold
     ):
         findings.append(

@@ -222,6 +222,7 @@ def _read_nvlinks(nvml: ModuleType, handle: Any, gpu_index_by_bus: dict[str, int
         remote_bus = normalise_bus_id(remote.busId) if remote is not None else None
         device_type = optional(nvml, "nvmlDeviceGetNvLinkRemoteDeviceType", handle, link)
         remote_gpu_index = gpu_index_by_bus.get(remote_bus) if remote_bus else None
+        remote_type: str | None
         if device_type is not None:
             remote_type = NVLINK_DEVICE_TYPES.get(int(device_type), "unknown")
         else:

@@ -21,7 +21,7 @@ from ansible.module_utils.common.respawn import has_respawned, probe_interpreter
 try:
     import pynvml
 except ImportError:
-    pynvml = None
+    pynvml = None  # type: ignore[assignment]
     PYNVML_IMPORT_ERROR: str | None = traceback.format_exc()
 else:
     PYNVML_IMPORT_ERROR = None

@@ -41,7 +41,7 @@ from ctypes import (
     c_void_p,
     cast,
 )
-from typing import Any
+from typing import Any, NoReturn
 
 # The package this file stands in for, so tools that print it can tell the two apart.
 FAKE_NVML = True
@@ -272,7 +272,7 @@ def _extractNVMLErrorsAsClasses() -> None:
 _extractNVMLErrorsAsClasses()
 
 
-def _raise(code: int) -> None:
+def _raise(code: int) -> NoReturn:
     raise NVMLError(code)
 
 
@@ -485,7 +485,6 @@ def _gpu(state: dict[str, Any], handle: Any) -> dict[str, Any]:
             return gpu
     # The handle's GPU has left the bus since the handle was taken.
     _raise(NVML_ERROR_GPU_IS_LOST)
-    raise AssertionError("unreachable")
 
 
 def _device(function: str, handle: Any) -> dict[str, Any]:
@@ -524,7 +523,6 @@ def _link(gpu: dict[str, Any], link: int) -> dict[str, Any]:
             return entry
     # The GPU has fewer links than NVML's maximum.
     _raise(NVML_ERROR_NOT_SUPPORTED)
-    raise AssertionError("unreachable")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -588,7 +586,6 @@ def nvmlSystemGetProcessName(pid: int) -> str:
             if proc["pid"] == int(pid):
                 return str(proc.get("name", ""))
     _raise(NVML_ERROR_NOT_FOUND)
-    raise AssertionError("unreachable")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -616,7 +613,6 @@ def nvmlDeviceGetHandleByUUID(uuid: str | bytes) -> Any:
                 _raise(NVML_ERROR_GPU_IS_LOST)
             return _make_handle(gpu)
     _raise(NVML_ERROR_NOT_FOUND)
-    raise AssertionError("unreachable")
 
 
 def nvmlDeviceGetHandleByPciBusId(pciBusId: str | bytes) -> Any:
@@ -628,7 +624,6 @@ def nvmlDeviceGetHandleByPciBusId(pciBusId: str | bytes) -> Any:
                 _raise(NVML_ERROR_GPU_IS_LOST)
             return _make_handle(gpu)
     _raise(NVML_ERROR_NOT_FOUND)
-    raise AssertionError("unreachable")
 
 
 def nvmlDeviceGetIndex(handle: Any) -> int:
