@@ -81,7 +81,7 @@ def image_inputs_hash() -> str:
 
 
 def image_label(name: str) -> str | None:
-    result = podman("image", "inspect", "--format", "{{ index .Labels \"llm-lab.inputs\" }}", name, check=False)
+    result = podman("image", "inspect", "--format", '{{ index .Labels "llm-lab.inputs" }}', name, check=False)
     return result.stdout.strip() if result.returncode == 0 else None
 
 
@@ -93,7 +93,9 @@ def ensure_image(rebuild: bool = False) -> None:
         return
     reason = "rebuild asked" if rebuild else ("missing" if current is None else "its build inputs changed")
     log(f"building image {IMAGE} ({reason})")
-    env = dict(os.environ, CONTAINERS_CONF=os.environ.get("CONTAINERS_CONF", str(LAB_SRC / "containers.conf")))
+    env = dict(
+        os.environ, CONTAINERS_CONF=os.environ.get("CONTAINERS_CONF", str(LAB_SRC / "containers.conf"))
+    )
     subprocess.run([str(LAB_SRC / "image" / "build_image.sh"), IMAGE, wanted], check=True, env=env)
 
 
@@ -101,13 +103,17 @@ def ensure_ssh_key() -> None:
     if SSH_KEY.exists():
         return
     SSH_KEY.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "llm-lab", "-f", str(SSH_KEY)], check=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "llm-lab", "-f", str(SSH_KEY)], check=True
+    )
     log(f"created the lab SSH key {SSH_KEY.relative_to(REPO)}")
 
 
 def ensure_network() -> None:
     if podman("network", "exists", NETWORK, check=False).returncode == 0:
-        subnets = podman("network", "inspect", NETWORK, "--format", "{{range .Subnets}}{{.Subnet}} {{end}}").stdout
+        subnets = podman(
+            "network", "inspect", NETWORK, "--format", "{{range .Subnets}}{{.Subnet}} {{end}}"
+        ).stdout
         if SUBNET in subnets.split():
             return
         log(f"network {NETWORK} has the wrong subnet ({subnets.strip()}); recreating it")
@@ -129,7 +135,12 @@ def ensure_mirror_content() -> None:
         return
     log("building the mirror's stand-in packages")
     subprocess.run(
-        [sys.executable, str(LAB_SRC / "mirror" / "build_mirror.py"), str(STATE / "mirror" / "www"), str(STATE / "gnupg")],
+        [
+            sys.executable,
+            str(LAB_SRC / "mirror" / "build_mirror.py"),
+            str(STATE / "mirror" / "www"),
+            str(STATE / "gnupg"),
+        ],
         check=True,
     )
     stamp.write_text(wanted)
@@ -144,14 +155,26 @@ def container_state(name: str) -> dict | None:
 
 def ensure_container(name: str, config_key: str, run_args: list[str]) -> bool:
     """Create, start or recreate one container; True when it had to be (re)created."""
-    config = hashlib.sha256((config_key + "\0".join(run_args) + image_inputs_hash()).encode()).hexdigest()[:16]
+    config = hashlib.sha256((config_key + "\0".join(run_args) + image_inputs_hash()).encode()).hexdigest()[
+        :16
+    ]
     state = container_state(name)
     if state is not None and state["Config"]["Labels"].get("llm-lab.config") != config:
         log(f"{name}: made with another lab configuration; recreating it")
         podman("rm", "-f", "-t", "5", name)
         state = None
     if state is None:
-        podman("run", "-d", "--name", name, "--label", f"{LABEL}=1", "--label", f"llm-lab.config={config}", *run_args)
+        podman(
+            "run",
+            "-d",
+            "--name",
+            name,
+            "--label",
+            f"{LABEL}=1",
+            "--label",
+            f"llm-lab.config={config}",
+            *run_args,
+        )
         log(f"{name}: created")
         return True
     if not state["State"]["Running"]:
@@ -171,7 +194,8 @@ def ensure_mirror() -> None:
         [
             "--hostname", MIRROR_NAME, "--network", NETWORK, "--ip", MIRROR_IP,
             "-v", f"{STATE / 'mirror'}:/srv/mirror:ro",
-            IMAGE, "python3", "-m", "http.server", "8080", "--bind", "0.0.0.0", "--directory", "/srv/mirror/www",
+            IMAGE,
+            "python3", "-m", "http.server", "8080", "--bind", "0.0.0.0", "--directory", "/srv/mirror/www",
         ],
     )  # fmt: skip
 
@@ -207,12 +231,14 @@ def install_fake_gpus(node: Node) -> None:
     podman("exec", node.name, "mkdir", "-p", "/usr/local/lib/fake-nvml")
     for name in ("pynvml.py", "fake_nvml_ctl.py"):
         podman("cp", str(LAB_SRC / "fake_nvml" / name), f"{node.name}:/usr/local/lib/fake-nvml/{name}")
-    wrapper = "#!/bin/sh\nexec /usr/bin/python3 /usr/local/lib/fake-nvml/fake_nvml_ctl.py \"$@\"\n"
+    wrapper = '#!/bin/sh\nexec /usr/bin/python3 /usr/local/lib/fake-nvml/fake_nvml_ctl.py "$@"\n'
     podman(
         "exec", node.name, "sh", "-c",
         f"printf '%s' '{wrapper}' > /usr/local/sbin/fake-nvml && chmod 0755 /usr/local/sbin/fake-nvml",
     )  # fmt: skip
-    has_state = podman("exec", node.name, "test", "-f", "/var/lib/fake-nvml/state.json", check=False).returncode == 0
+    has_state = (
+        podman("exec", node.name, "test", "-f", "/var/lib/fake-nvml/state.json", check=False).returncode == 0
+    )
     if not has_state:
         podman("exec", node.name, "fake-nvml", "init", "--shape", GPU_SHAPE, "--host", node.name)
         log(f"{node.name}: simulated GPUs initialised ({GPU_SHAPE})")
@@ -279,13 +305,22 @@ def cmd_up(_: argparse.Namespace) -> None:
         wait_for_systemd(node)
         install_fake_gpus(node)
         wait_for_ssh(node)
-    log(f"up in {time.monotonic() - started:.0f}s: " + ", ".join(f"{n.name} (ssh 127.0.0.1:{n.ssh_port})" for n in NODES))
+    log(
+        f"up in {time.monotonic() - started:.0f}s: "
+        + ", ".join(f"{n.name} (ssh 127.0.0.1:{n.ssh_port})" for n in NODES)
+    )
     log(f"ssh into a node: ssh -F {(STATE / 'ssh_config').relative_to(REPO)} gpu-node-1")
 
 
 def cmd_status(_: argparse.Namespace) -> None:
     result = podman(
-        "ps", "-a", "--filter", f"label={LABEL}", "--format", "{{.Names}}\t{{.Status}}\t{{.Ports}}", check=False
+        "ps",
+        "-a",
+        "--filter",
+        f"label={LABEL}",
+        "--format",
+        "{{.Names}}\t{{.Status}}\t{{.Ports}}",
+        check=False,
     )
     print(result.stdout.strip() or "lab: no lab containers")
     print(f"image {IMAGE}: {'present' if image_label(IMAGE) else 'absent'}")
@@ -317,7 +352,9 @@ def cmd_mirror(_: argparse.Namespace) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("up").set_defaults(func=cmd_up)
     sub.add_parser("status").set_defaults(func=cmd_status)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -67,7 +68,10 @@ def driver_packages(branch: str, upstream: str, flavour: str) -> list[Package]:
     repo = flavour
     lib = payload("libnvidia-ml.so.1", version=upstream)
     parts = {
-        "nvidia-utils": ({"/usr/bin/nvidia-smi": (payload("nvidia-smi"), 0o755)}, "NVIDIA driver support binaries"),
+        "nvidia-utils": (
+            {"/usr/bin/nvidia-smi": (payload("nvidia-smi"), 0o755)},
+            "NVIDIA driver support binaries",
+        ),
         "libnvidia-compute": (
             {"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1": (lib, 0o644)},
             "NVIDIA libcompute package (the NVML library)",
@@ -165,7 +169,10 @@ def all_packages(spec: dict) -> list[Package]:
                 files={
                     f"{prefix}/bin/nvcc": (payload("nvcc", release=release, nvcc=toolkit["nvcc"]), 0o755),
                     f"{prefix}/version.json": (
-                        f'{{"cuda": {{"name": "CUDA SDK", "version": "{toolkit["version"].split("-")[0]}"}}}}\n',
+                        json.dumps(
+                            {"cuda": {"name": "CUDA SDK", "version": toolkit["version"].split("-")[0]}}
+                        )
+                        + "\n",
                         0o644,
                     ),
                 },
@@ -180,7 +187,10 @@ def all_packages(spec: dict) -> list[Package]:
             version=meta["version"],
             repo="cuda",
             summary="CUDA metapackage: newest toolkit AND newest driver (the trap the roles avoid)",
-            depends=[f"{meta['toolkit']} (>= {meta['version'].split('-')[0]})", f"cuda-drivers (>= {meta['min_driver']})"],
+            depends=[
+                f"{meta['toolkit']} (>= {meta['version'].split('-')[0]})",
+                f"cuda-drivers (>= {meta['min_driver']})",
+            ],
         )
     )
     ctk = spec["container_toolkit"]["version"]
@@ -205,7 +215,9 @@ def all_packages(spec: dict) -> list[Package]:
     k8s = spec["kubernetes"]
     packages.append(Package(name="cri-tools", version=k8s["cri_tools"], repo="kubernetes", summary="crictl"))
     packages.append(
-        Package(name="kubernetes-cni", version=k8s["cni"], repo="kubernetes", summary="Kubernetes CNI plugins")
+        Package(
+            name="kubernetes-cni", version=k8s["cni"], repo="kubernetes", summary="Kubernetes CNI plugins"
+        )
     )
     for version in k8s["versions"]:
         upstream = "v" + version.split("-")[0]
@@ -316,8 +328,24 @@ def index_flat_repo(repo_dir: Path, origin: str, gnupg_home: Path) -> None:
         text=True,
     ).stdout
     (repo_dir / "Release").write_text(release)
-    gpg(gnupg_home, "--local-user", GPG_UID, "--clearsign", "-o", str(repo_dir / "InRelease"), str(repo_dir / "Release"))
-    gpg(gnupg_home, "--local-user", GPG_UID, "-abs", "-o", str(repo_dir / "Release.gpg"), str(repo_dir / "Release"))
+    gpg(
+        gnupg_home,
+        "--local-user",
+        GPG_UID,
+        "--clearsign",
+        "-o",
+        str(repo_dir / "InRelease"),
+        str(repo_dir / "Release"),
+    )
+    gpg(
+        gnupg_home,
+        "--local-user",
+        GPG_UID,
+        "-abs",
+        "-o",
+        str(repo_dir / "Release.gpg"),
+        str(repo_dir / "Release"),
+    )
 
 
 def build_wheel(version: str, out_dir: Path) -> Path:
@@ -333,7 +361,9 @@ def build_wheel(version: str, out_dir: Path) -> Path:
             f"Metadata-Version: 2.1\nName: nvidia-ml-py\nVersion: {version}\n"
             "Summary: LAB STAND-IN: the project's fake pynvml, driven by /var/lib/fake-nvml/state.json\n"
         ).encode(),
-        f"{dist}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: llm-lab\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{dist}.dist-info/WHEEL": (
+            b"Wheel-Version: 1.0\nGenerator: llm-lab\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
         f"{dist}.dist-info/top_level.txt": b"pynvml\n",
     }
     record = []
@@ -370,7 +400,7 @@ def build(output: Path, gnupg_home: Path) -> None:
     try:
         tree = staging / "tree"
         packages = all_packages(spec)
-        for repo, rel in REPO_PATHS.items():
+        for rel in REPO_PATHS.values():
             (tree / rel).mkdir(parents=True)
         with tempfile.TemporaryDirectory() as scratch:
             for pkg in packages:
@@ -407,7 +437,10 @@ def build(output: Path, gnupg_home: Path) -> None:
         output.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(str(tree), output)
         count = len(packages)
-        print(f"lab-mirror: {count} stand-in packages in {len(REPO_PATHS)} signed repos, pypi index, run installers")
+        print(
+            f"lab-mirror: {count} stand-in packages in {len(REPO_PATHS)} signed repos,"
+            " a pypi index and .run installers"
+        )
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

@@ -1,0 +1,77 @@
+# One command runs the main job on the lab (`make lab`), one passes every test
+# (`make test`). Both install what they need. `make help` lists the rest.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+.ONESHELL:
+.SHELLFLAGS := -eu -o pipefail -c
+
+VENV ?= .venv
+BIN := $(CURDIR)/$(VENV)/bin
+export PATH := $(BIN):$(PATH)
+export CONTAINERS_CONF ?= $(CURDIR)/tests/lab/containers.conf
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+LAB_INVENTORY := inventories/lab/hosts.yml
+PLAYBOOKS := $(wildcard playbooks/*.yml playbooks/remediate/*.yml)
+MOLECULE_SCENARIOS := $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml)))
+
+.PHONY: help deps venv lab lab-up lab-status lab-destroy lab-image-rebuild lint syntax unit molecule lab-test test
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
+
+deps: ## install the host's Debian packages (podman, runc, debootstrap, ...) if missing
+	@scripts/ensure-host-deps.sh
+
+venv: $(VENV)/.installed ## the pinned Python toolchain in .venv
+
+$(VENV)/.installed: pyproject.toml $(wildcard serve/pyproject.toml)
+	@echo "venv: installing the pinned toolchain into $(VENV) (a few minutes the first time)"
+	python3 -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	if [ -f serve/pyproject.toml ]; then $(BIN)/pip install -q -e './serve[test]'; fi
+	touch $@
+
+lab-up: deps venv ## start (or repair) the three lab nodes and the mirror
+	$(BIN)/python tests/lab/labctl.py up
+
+lab: lab-up ## THE MAIN JOB on the lab: converge playbooks/site.yml on the three nodes
+	ansible-playbook -i $(LAB_INVENTORY) playbooks/site.yml
+	$(BIN)/python tests/lab/labctl.py status
+
+lab-status: ## the lab's containers
+	@$(BIN)/python tests/lab/labctl.py status
+
+lab-destroy: ## remove the lab's containers, network, image and .lab/: nothing left behind
+	$(BIN)/python tests/lab/labctl.py destroy
+
+lab-image-rebuild: deps venv ## rebuild the node image even if it is current
+	$(BIN)/python tests/lab/labctl.py image --rebuild
+
+lint: venv ## ruff and ansible-lint (production profile)
+	ruff check .
+	ruff format --check .
+	ansible-lint
+
+syntax: venv ## --syntax-check every playbook against both inventories
+	for inventory in inventories/production/hosts.yml $(LAB_INVENTORY); do
+	  for playbook in $(PLAYBOOKS); do
+	    ansible-playbook -i $$inventory --syntax-check $$playbook >/dev/null
+	    echo "syntax ok: $$playbook ($$inventory)"
+	  done
+	done
+
+unit: venv ## unit tests (modules against the fake NVML, the gateway, the lab tooling)
+	pytest tests/unit $(wildcard serve/tests)
+
+molecule: lab-up ## every molecule scenario (role tests on lab-image containers)
+	for scenario in $(MOLECULE_SCENARIOS); do
+	  echo "molecule: scenario $$scenario"
+	  molecule test -s $$scenario
+	done
+
+lab-test: lab-up ## acceptance tests on the running lab (site idempotence, GPU modules, faults)
+	pytest -m lab tests/lab
+
+test: deps venv lint syntax unit molecule lab-test ## EVERY TEST: what CI runs
+	@echo "make test: all green"

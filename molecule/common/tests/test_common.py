@@ -1,0 +1,58 @@
+"""Verify what the common role converged (testinfra, run by molecule)."""
+
+import pytest
+
+NODES = {"mol-common-1": "10.89.42.31", "mol-common-2": "10.89.42.32"}
+
+
+def test_hostname_is_the_inventory_name(host):
+    assert host.run("hostname").stdout.strip() == host.backend.get_hostname()
+
+
+@pytest.mark.parametrize(("name", "ip"), NODES.items())
+def test_cluster_nodes_resolve_through_etc_hosts(host, name, ip):
+    assert host.run(f"getent hosts {name}").stdout.split()[0] == ip
+
+
+def test_base_packages_installed(host):
+    for package in ("chrony", "rsync", "jq", "python3-apt", "unattended-upgrades"):
+        assert host.package(package).is_installed, package
+
+
+def test_chrony_uses_the_configured_servers_and_starts_at_boot(host):
+    config = host.file("/etc/chrony/chrony.conf").content_string
+    assert "pool ntp1.lab.invalid iburst" in config
+    assert host.service("chrony").is_enabled
+
+
+def test_no_active_swap_entries_in_fstab(host):
+    for line in host.file("/etc/fstab").content_string.splitlines():
+        fields = line.split()
+        assert line.startswith("#") or len(fields) < 3 or fields[2] != "swap"
+
+
+def test_ops_user_has_exactly_the_configured_key_and_sudo(host):
+    ops = host.user("ops")
+    assert ops.shell == "/bin/bash"
+    keys = host.file("/home/ops/.ssh/authorized_keys").content_string.strip().splitlines()
+    assert keys == [
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIMolecule0000000000000000000000000000000000001 molecule-test"
+    ]
+    sudoers = host.file("/etc/sudoers.d/ops-ops")
+    assert sudoers.mode == 0o440
+    assert "NOPASSWD: ALL" in sudoers.content_string
+    assert host.run("visudo -cf /etc/sudoers.d/ops-ops").rc == 0
+
+
+def test_removed_operator_does_not_exist(host):
+    assert not host.user("formerop").exists
+
+
+def test_sshd_effective_config_is_hardened(host):
+    effective = host.run("sshd -T").stdout.lower().splitlines()
+    assert "permitrootlogin no" in effective
+    assert "passwordauthentication no" in effective
+    assert "kbdinteractiveauthentication no" in effective
+    assert "maxauthtries 3" in effective
+    assert "x11forwarding no" in effective
+    assert host.service("ssh").is_running

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Make sure this machine has what the lab and the tests need; install it when we
+# can (root with apt-get), otherwise say exactly what to install.
+#
+#   scripts/ensure-host-deps.sh
+set -euo pipefail
+
+# command -> Debian package that provides it
+declare -A needs=(
+  [podman]=podman
+  [runc]=runc
+  [debootstrap]=debootstrap
+  [apt-ftparchive]=apt-utils
+  [dpkg-deb]=dpkg
+  [gpg]=gnupg
+  [ssh]=openssh-client
+  [ssh-keygen]=openssh-client
+  [iptables]=iptables
+  [aardvark-dns]=aardvark-dns
+  [make]=make
+)
+missing=()
+for cmd in "${!needs[@]}"; do
+  if ! command -v "$cmd" >/dev/null 2>&1 && ! [ -x "/usr/lib/podman/$cmd" ]; then
+    missing+=("${needs[$cmd]}")
+  fi
+done
+# python3 -m venv needs ensurepip, which Debian ships separately.
+if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+  missing+=(python3-venv)
+fi
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
+if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "host-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  echo "host-deps: installed ${missing[*]}"
+else
+  echo "host-deps: missing: ${missing[*]}" >&2
+  echo "host-deps: install them with: sudo apt-get install ${missing[*]}" >&2
+  exit 1
+fi
