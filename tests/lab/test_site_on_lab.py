@@ -1,0 +1,138 @@
+"""The main job on the lab: repair a half-built lab, converge playbooks/site.yml over SSH,
+then prove it idempotent (second run and --check report changed=0 on every host).
+
+    make lab-up && .venv/bin/pytest -m lab tests/lab/test_site_on_lab.py -v
+
+Runs first in `make lab-test`: the other lab tests need the converged nodes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.lab
+
+ROOT = Path(__file__).resolve().parents[2]
+NODES = ("gpu-node-1", "gpu-node-2", "gpu-node-3")
+RECAP = re.compile(
+    r"^(?P<host>\S+)\s+:\s+ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)"
+    r"\s+unreachable=(?P<unreachable>\d+)\s+failed=(?P<failed>\d+)",
+    re.MULTILINE,
+)
+
+
+def env() -> dict[str, str]:
+    return {
+        **os.environ,
+        "CONTAINERS_CONF": os.environ.get("CONTAINERS_CONF", str(ROOT / "tests/lab/containers.conf")),
+        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+        "ANSIBLE_FORCE_COLOR": "0",
+        "ANSIBLE_NOCOLOR": "1",
+    }
+
+
+def podman(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["podman", *args], capture_output=True, text=True, env=env(), timeout=300)
+
+
+def on_node(node: str, command: str) -> subprocess.CompletedProcess[str]:
+    return podman("exec", node, "sh", "-c", command)
+
+
+def site(*extra: str) -> tuple[dict[str, dict[str, int]], str]:
+    proc = subprocess.run(
+        [
+            str(ROOT / ".venv/bin/ansible-playbook"),
+            "-i",
+            "inventories/lab/hosts.yml",
+            "playbooks/site.yml",
+            *extra,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env(),
+        timeout=1800,
+    )
+    output = proc.stdout + proc.stderr
+    recap = {
+        m["host"]: {k: int(v) for k, v in m.groupdict().items() if k != "host"}
+        for m in RECAP.finditer(output)
+    }
+    assert proc.returncode == 0, (
+        f"site.yml {' '.join(extra)} failed (rc {proc.returncode}):\n{output[-6000:]}"
+    )
+    assert set(recap) == set(NODES), f"PLAY RECAP lacks hosts: {sorted(recap)}\n{output[-3000:]}"
+    return recap, output
+
+
+def changed_tasks(output: str) -> list[str]:
+    """The task headers followed by a `changed:` line, to name what broke idempotence."""
+    names, current = [], ""
+    for line in output.splitlines():
+        if line.startswith(("TASK [", "RUNNING HANDLER [")):
+            current = line.split("[", 1)[1].rsplit("]", 1)[0]
+        elif line.startswith("changed:") and current not in names:
+            names.append(current)
+    return names
+
+
+def test_lab_up_repairs_a_half_created_lab():
+    assert podman("rm", "-f", "-t", "2", "gpu-node-2").returncode == 0
+    assert podman("stop", "-t", "2", "gpu-node-3").returncode == 0
+
+    proc = subprocess.run(
+        [sys.executable, "tests/lab/labctl.py", "up"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env(),
+        timeout=900,
+    )
+
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "gpu-node-2: created" in proc.stdout
+    assert "gpu-node-3: was exited; starting it" in proc.stdout
+    running = podman("ps", "--format", "{{.Names}}").stdout.split()
+    assert set(NODES) <= set(running)
+
+
+def test_site_converges_then_reports_no_change():
+    first, _ = site()
+    assert all(r["failed"] == 0 and r["unreachable"] == 0 for r in first.values()), first
+
+    second, output = site()
+    assert {h: r["changed"] for h, r in second.items()} == dict.fromkeys(NODES, 0), changed_tasks(output)
+
+    checked, output = site("--check", "--diff")
+    assert {h: r["changed"] for h, r in checked.items()} == dict.fromkeys(NODES, 0), changed_tasks(output)
+
+
+@pytest.mark.parametrize("node", NODES)
+def test_pynvml_lists_the_four_simulated_a100s(node):
+    script = (
+        "import pynvml; pynvml.nvmlInit(); "
+        "print('\\n'.join(pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)) "
+        "for i in range(pynvml.nvmlDeviceGetCount())))"
+    )
+    proc = on_node(node, f'/opt/nvidia-ml-py/bin/python3 -c "{script}"')
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[:4] == ["NVIDIA A100-PCIE-40GB"] * 4
+    assert proc.stdout.strip().count("\n") == 3
+
+
+def test_apt_policy_shows_the_stand_in_packages_from_the_lab_mirror():
+    proc = on_node("gpu-node-1", "apt-cache policy cuda-drivers-535 cuda-toolkit-12-1")
+    assert proc.returncode == 0, proc.stderr
+    policy = proc.stdout
+    assert "http://lab-mirror:8080/cuda/ubuntu2204/x86_64" in policy
+    assert "Installed: 535.183.06-1" in policy
+    assert "Installed: 12.1.1-1" in policy
+    # the newer 535 release is visible but pinned away
+    assert "535.216.03-1" in policy
