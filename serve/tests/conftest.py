@@ -9,7 +9,12 @@ from typing import Any
 import httpx
 import pytest
 from gwtest import BackgroundLoop, Gateway, Sim, gateway_config
+from hypothesis import settings
 from vllm_sim.engine import SimConfig
+
+# Property tests explore the same examples on every run: a failure reproduces, a pass is stable.
+settings.register_profile("serve", derandomize=True, database=None, deadline=None)
+settings.load_profile("serve")
 
 
 @pytest.fixture(scope="session")

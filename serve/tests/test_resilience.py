@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import httpx
@@ -123,11 +124,8 @@ def test_overload_is_not_a_breaker_failure(make_sim: Any, make_gateway: Any, cli
         fallback={"mode": "error"},
     )
     # one request occupies the only sequence slot and hangs; the rest hit the queue cap (503)
-    with httpx.Client(timeout=0.5) as hanging:
-        try:
-            hanging.post(gw.url + "/v1/chat/completions", json=chat_body(), headers=auth_headers())
-        except httpx.TimeoutException:
-            pass
+    with httpx.Client(timeout=0.5) as hanging, contextlib.suppress(httpx.TimeoutException):
+        hanging.post(gw.url + "/v1/chat/completions", json=chat_body(), headers=auth_headers())
     assert wait_for(lambda: sim.stats()["running"] == 0)  # the gateway cancelled it when we left
     sim.configure(hang_rate=0.0, max_num_seqs=0)
     for _ in range(3):

@@ -11,10 +11,9 @@ import pytest
 import schemathesis
 from gwtest import auth_headers
 from hypothesis import HealthCheck, given
+from llm_gateway.cli import _openapi
 from openapi_spec_validator import validate
 from schemathesis import GenerationMode
-
-from llm_gateway.cli import _openapi
 
 COMMITTED = Path(__file__).resolve().parents[1] / "openapi.json"
 REGENERATE = "llm-gateway --print-openapi > serve/openapi.json"

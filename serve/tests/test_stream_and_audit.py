@@ -93,11 +93,8 @@ def test_client_disconnect_mid_stream_is_audited_and_cancels_upstream(
 def test_client_disconnect_while_waiting_for_unary_answer(make_sim: Any, make_gateway: Any) -> None:
     sim = make_sim(ttft_s=30)
     gw = make_gateway({"m": [{"name": "a", "url": sim.url, "served_model": "m"}]})
-    with httpx.Client(timeout=0.3) as impatient:
-        try:
-            impatient.post(gw.url + "/v1/chat/completions", json=chat_body(), headers=auth_headers())
-        except httpx.TimeoutException:
-            pass
+    with httpx.Client(timeout=0.3) as impatient, contextlib.suppress(httpx.TimeoutException):
+        impatient.post(gw.url + "/v1/chat/completions", json=chat_body(), headers=auth_headers())
     assert wait_for(lambda: sim.stats()["cancelled"] == 1)
     assert gw.audit_records(1)[-1]["outcome"] == "client_disconnected"
 

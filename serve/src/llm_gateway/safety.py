@@ -92,16 +92,27 @@ class SafetyPolicy:
 
 
 class StreamFilter:
-    """Filters one choice of a stream. `feed` returns what may be sent now; `flush` the rest."""
+    """Filters one choice of a stream. `feed` returns what may be sent now; `flush` the rest.
 
-    __slots__ = ("_hold", "_pending", "_policy", "blocked", "hit")
+    The held-back tail is kept unmasked, with the masked positions alongside, so terms that
+    overlap a term already found (e.g. "cc" in "ccc") are still found when the next chunk comes.
+    """
+
+    __slots__ = ("_hold", "_masked", "_pending", "_policy", "blocked", "hit")
 
     def __init__(self, policy: SafetyPolicy) -> None:
         self._policy = policy
         self._hold = max(policy.matcher.max_len - 1, 0)
         self._pending = ""
+        self._masked: set[int] = set()  # positions in _pending to mask
         self.hit = False
         self.blocked = False
+
+    def _render(self, text: str, masked: set[int], offset: int) -> str:
+        if not masked:
+            return text
+        char = self._policy.mask_char
+        return "".join(char if i + offset in masked else c for i, c in enumerate(text))
 
     def feed(self, text: str) -> str:
         if self.blocked:
@@ -110,18 +121,23 @@ class StreamFilter:
             return text
         buffer = self._pending + text
         spans = self._policy.matcher.spans(buffer)
+        masked = self._masked
         if spans:
             self.hit = True
             if self._policy.action == "block":
                 self.blocked = True
-                self._pending = ""
+                self._pending, self._masked = "", set()
                 return ""
-            buffer = self._policy.mask(buffer, spans)
+            for start, end in spans:
+                masked.update(range(start, end))
         # Any term starting before `cut` ends inside the buffer, so it has been seen whole.
         cut = max(len(buffer) - self._hold, 0)
+        out = self._render(buffer[:cut], masked, 0)
         self._pending = buffer[cut:]
-        return buffer[:cut]
+        self._masked = {i - cut for i in masked if i >= cut}
+        return out
 
     def flush(self) -> str:
-        rest, self._pending = self._pending, ""
-        return "" if self.blocked else rest
+        rest = "" if self.blocked else self._render(self._pending, self._masked, 0)
+        self._pending, self._masked = "", set()
+        return rest

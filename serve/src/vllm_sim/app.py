@@ -129,12 +129,6 @@ class SimApp:
             await _respond(send, 400, _error(message, "BadRequestError", 400))
             return
         engine = self.engine
-        try:
-            await engine.admit()
-        except Overloaded:
-            await _respond(send, 503, _error("waiting queue is full", "ServiceUnavailableError", 503))
-            return
-        engine.stats["started"] += 1
         gone = asyncio.Event()
         task = asyncio.current_task()
         assert task is not None
@@ -146,7 +140,15 @@ class SimApp:
             task.cancel()
 
         watcher = asyncio.get_running_loop().create_task(watch())
+        admitted = False
         try:
+            try:
+                await engine.admit()
+            except Overloaded:
+                await _respond(send, 503, _error("waiting queue is full", "ServiceUnavailableError", 503))
+                return
+            admitted = True
+            engine.stats["started"] += 1
             fault = engine.fault()
             if fault == "error":
                 await _respond(send, 500, _error("simulated engine error", "InternalServerError", 500))
@@ -161,10 +163,12 @@ class SimApp:
             if not gone.is_set():
                 raise
             task.uncancel()
-            engine.stats["cancelled"] += 1
+            # a request the client abandoned: generation stops (running) or never starts (waiting)
+            engine.stats["cancelled" if admitted else "abandoned"] += 1
         finally:
             watcher.cancel()
-            engine.release()
+            if admitted:
+                engine.release()
 
     def _plan(self, payload: dict[str, Any]) -> tuple[list[str], str, int, int]:
         max_tokens = payload.get("max_completion_tokens") or payload.get("max_tokens")

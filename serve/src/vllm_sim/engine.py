@@ -55,7 +55,15 @@ class Engine:
         self.random = random.Random(config.seed)
         self.running = 0
         self._waiting: deque[asyncio.Future[None]] = deque()
-        self.stats = {"started": 0, "finished": 0, "cancelled": 0, "rejected": 0, "errors": 0, "hung": 0}
+        self.stats = {
+            "started": 0,
+            "finished": 0,
+            "cancelled": 0,
+            "rejected": 0,
+            "errors": 0,
+            "hung": 0,
+            "abandoned": 0,
+        }
         self.registry = CollectorRegistry()
         r = self.registry
         labels = ["model_name"]
