@@ -33,7 +33,7 @@ class NoAuth:
 
 class JwtAuth:
     def __init__(self, config: AuthConfig) -> None:
-        self._options: dict[str, Any] = {"require": ["sub", "exp"] if config.require_exp else ["sub"]}
+        self._options: Any = {"require": ["sub", "exp"] if config.require_exp else ["sub"]}
         self._audience = config.audience
         self._issuer = config.issuer
         self._leeway = config.leeway_s

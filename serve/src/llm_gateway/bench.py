@@ -58,9 +58,9 @@ def _wait_port_file(path: Path, process: subprocess.Popen[bytes], timeout: float
         if path.exists():
             return json.loads(path.read_text())  # type: ignore[no-any-return]
         if process.poll() is not None:
-            raise RuntimeError(f"{process.args} exited with {process.returncode}")
+            raise RuntimeError(f"{process.args!r} exited with {process.returncode}")
         time.sleep(0.05)
-    raise RuntimeError(f"{process.args} did not start in {timeout}s")
+    raise RuntimeError(f"{process.args!r} did not start in {timeout}s")
 
 
 class Bench:
@@ -221,15 +221,15 @@ class Bench:
     ) -> dict[str, float]:
         pool = ConnectionPool("127.0.0.1", target.port, max_connections=concurrency, max_idle=concurrency)
         body = self._body(stream, "qwen2-7b", max_tokens)
-        loop = type("Clock", (), {"time": staticmethod(time.perf_counter)})
+        clock = time.perf_counter
         done = errors = chunks = 0
         e2e: list[float] = []
-        end = loop.time() + seconds
+        end = clock() + seconds
 
         async def worker() -> None:
             nonlocal done, errors, chunks
-            while loop.time() < end:
-                started = loop.time()
+            while clock() < end:
+                started = clock()
                 try:
                     response = await pool.request(
                         "POST",
@@ -246,13 +246,13 @@ class Bench:
                     ok = response.status == 200
                 except Exception:
                     ok = False
-                e2e.append(loop.time() - started)
+                e2e.append(clock() - started)
                 done += 1
                 errors += not ok
 
-        started = loop.time()
+        started = clock()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
-        elapsed = loop.time() - started
+        elapsed = clock() - started
         pool.close()
         return {
             "requests_per_s": done / elapsed,
