@@ -3,8 +3,9 @@
     .venv/bin/pytest tests/lab/test_gpu_stage_on_lab.py -m lab -v
 
 Needs the lab up (`make lab-up`, docs/lab.md); skipped with the reason otherwise. Converges the stage on
-the three nodes, then checks: a second run and `--check` change nothing; a drifted power limit is put back
-and reported as changed; wrong inventory values fail before any change, naming the variable.
+the three nodes, then checks: a drifted power limit is put back and reported as changed; wrong inventory
+values fail before any change, naming the variable. That a second run and `--check` change nothing is
+proved for the whole of site.yml (this stage included) by tests/lab/test_site_on_lab.py.
 What the converged nodes look like is checked by molecule/gpu_node/tests/test_gpu_node.py.
 """
 
@@ -83,18 +84,6 @@ def converged() -> None:
     rc, output, recap = playbook()
     assert rc == 0, output[-4000:]
     assert set(recap) == set(NODES)
-
-
-def test_second_run_changes_nothing(converged: None) -> None:
-    rc, output, recap = playbook()
-    assert rc == 0, output[-4000:]
-    assert {host: r["changed"] for host, r in recap.items()} == dict.fromkeys(NODES, 0), output[-4000:]
-
-
-def test_check_mode_on_the_converged_lab_reports_no_change(converged: None) -> None:
-    rc, output, recap = playbook("--check")
-    assert rc == 0, output[-4000:]
-    assert {host: r["changed"] for host, r in recap.items()} == dict.fromkeys(NODES, 0), output[-4000:]
 
 
 def test_drifted_power_limit_is_put_back_and_reported(converged: None) -> None:
