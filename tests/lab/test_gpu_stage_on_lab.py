@@ -105,8 +105,18 @@ def test_drifted_power_limit_is_put_back_and_reported(converged: None) -> None:
             "gpu_tuning_power_limit_w is 500 W, outside the range 150-250 W",
         ),
         ('{"gpu_tuning_nvlink_pairs": [[0, 1], [2, 7]]}', "gpu_tuning_nvlink_pairs names GPU index 7"),
+        # key=value extra vars are strings: named, not a Python error, and not after the packages
+        ("gpu_tuning_power_limit_w=180", "gpu_tuning_power_limit_w must be a whole number"),
+        ("nvidia_driver_reboot=false", "nvidia_driver_reboot must be true or false"),
     ],
-    ids=["power-not-an-int", "branch-not-a-branch", "power-out-of-range", "nvlink-pair-no-such-gpu"],
+    ids=[
+        "power-not-an-int",
+        "branch-not-a-branch",
+        "power-out-of-range",
+        "nvlink-pair-no-such-gpu",
+        "power-as-a-string",
+        "reboot-as-a-string",
+    ],
 )
 def test_wrong_values_fail_before_any_change(converged: None, extra_vars: str, expected: str) -> None:
     before = on_node("gpu-node-1", "sha256sum", *WATCHED)
