@@ -175,3 +175,46 @@ def test_upstream_client_error_passes_through(make_sim: Any, make_gateway: Any, 
     response = _post(client, gw, chat_body())
     assert response.status_code == 404  # vLLM's own answer, not a breaker failure
     assert _breaker(gw, "a") == "CLOSED"
+
+
+def _pool_in_use(gw: Any) -> int:
+    return int(gw.bg.call(lambda: gw.gateway.runtime.upstreams()[0].pool.in_use))
+
+
+def test_first_token_timeout_after_headers_frees_the_connection(
+    make_sim: Any, make_gateway: Any, client: httpx.Client
+) -> None:
+    # vLLM sends a stream's headers at once and its first chunk only after prefill: the timeout
+    # fires with the response open. Its connection must go back and the upstream must be aborted.
+    sim = make_sim(ttft_s=30)
+    gw = make_gateway(
+        {"m": [{"name": "a", "url": sim.url, "served_model": "m", "max_connections": 2}]},
+        timeouts={"first_token_s": 0.3, "total_s": 5},
+        fallback={"mode": "message"},
+    )
+    for _ in range(2):
+        response = _post(client, gw, chat_body(stream=True))
+        assert response.headers["x-llm-gateway-fallback"] == "timeout"
+    assert wait_for(lambda: _pool_in_use(gw) == 0)
+    assert wait_for(lambda: sim.stats()["cancelled"] == 2)  # the GPU stopped generating
+    assert sim.stats()["running"] == 0 and sim.stats()["finished"] == 0
+    assert gw.bg.call(lambda: gw.gateway.runtime.upstreams()[0].in_flight) == 0
+    sim.configure(ttft_s=0)
+    response = _post(client, gw, chat_body(stream=True))  # not 503 overloaded: the pool has room
+    assert response.status_code == 200 and "x-llm-gateway-fallback" not in response.headers
+    assert response.text.rstrip().endswith("data: [DONE]")
+
+
+def test_client_gone_before_first_token_frees_the_connection(make_sim: Any, make_gateway: Any) -> None:
+    sim = make_sim(ttft_s=30)
+    gw = make_gateway(
+        {"m": [{"name": "a", "url": sim.url, "served_model": "m", "max_connections": 2}]},
+        timeouts={"first_token_s": 10},
+    )
+    with httpx.Client(timeout=0.3) as impatient, contextlib.suppress(httpx.TimeoutException):
+        impatient.post(gw.url + "/v1/chat/completions", json=chat_body(stream=True), headers=auth_headers())
+    assert wait_for(lambda: sim.stats()["cancelled"] == 1)
+    assert wait_for(lambda: _pool_in_use(gw) == 0)
+    record = gw.audit_records(1)[-1]
+    assert record["outcome"] == "client_disconnected" and record["status"] == 499
+    assert _breaker(gw, "a") == "CLOSED"  # the client leaving says nothing about the upstream

@@ -20,6 +20,7 @@ from starlette.types import Receive, Scope, Send
 from .audit import RequestRecord
 from .errors import ApiError, error_body, model_not_found
 from .http_client import PoolExhaustedError, UpstreamError
+from .http_client import Response as UpstreamResponse
 from .routing import rank, sticky_key
 from .runtime import Gateway, Runtime
 from .safety import StreamFilter
@@ -192,9 +193,7 @@ class Proxy:
         except _ClientGone:
             return self._disconnected(record, rt)
 
-        if record.stream:
-            return await self._start_stream(request, rt, record, payload, candidates, chat, base_headers)
-        return await self._unary(request, rt, record, payload, candidates, chat, base_headers)
+        return await self._forward(request, rt, record, payload, candidates, chat, base_headers)
 
     def _disconnected(self, record: RequestRecord, rt: Runtime) -> Response:
         record.status = 499
@@ -203,8 +202,8 @@ class Proxy:
         self.gw.finish(record, rt)
         return Response(status_code=499)
 
-    # --- non-streaming -------------------------------------------------------------------
-    async def _unary(
+    # --- forwarding ----------------------------------------------------------------------
+    async def _forward(
         self,
         request: Request,
         rt: Runtime,
@@ -214,8 +213,26 @@ class Proxy:
         chat: bool,
         headers: dict[str, str],
     ) -> Response:
+        """Try the user's upstreams in turn until one answers; else the fallback.
+
+        Unary: the whole answer within `total_s`. Stream: the headers and the first chunk within
+        `first_token_s` (and `total_s`), before answering, so that a failure can still fail over
+        or fall back with a proper status; the open response then goes to a _StreamPump.
+
+        Each attempt ends in exactly one breaker verdict, and every upstream response that is not
+        handed to the pump is closed here, whatever ended the attempt (timeout, client gone, a
+        status that sends us to the next upstream). Closing a response not read to its end aborts
+        its connection: the pool gets its slot back and vLLM stops generating.
+        """
+        stream = record.stream
         path = "/v1/chat/completions" if chat else "/v1/completions"
         timeouts = rt.config.timeouts
+        include_usage = False
+        if stream:
+            options = payload.get("stream_options") or {}
+            include_usage = bool(options.get("include_usage"))
+            # the gateway always wants usage, for the audit and token metrics
+            payload["stream_options"] = {**options, "include_usage": True}
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeouts.total_s
         reasons: list[str] = []
@@ -227,9 +244,12 @@ class Proxy:
                     continue
                 payload["model"] = upstream.served_model
                 body = orjson.dumps(payload)
+                limit = min(deadline, loop.time() + timeouts.first_token_s) if stream else deadline
+                response: UpstreamResponse | None = None
+                handed_over = False
                 upstream.in_flight += 1
                 try:
-                    async with asyncio.timeout_at(deadline):
+                    async with asyncio.timeout_at(limit):
                         response = await upstream.pool.request(
                             "POST",
                             path,
@@ -237,12 +257,44 @@ class Proxy:
                             body=body,
                             connect_timeout_s=timeouts.connect_s,
                         )
-                        data = await response.read()
+                        if stream and response.status == 200:
+                            data = await response.next_chunk() or b""
+                        else:
+                            data = await response.read()
+                    status = response.status
+                    if status in (429, 503):
+                        upstream.breaker.record_neutral()
+                        reasons.append("overloaded")
+                        continue
+                    if status >= 500:
+                        upstream.breaker.record_failure(f"HTTP {status}")
+                        reasons.append("upstream_error")
+                        continue
+                    record.upstream = upstream.name
+                    record.served_model = upstream.served_model
+                    headers[UPSTREAM_HEADER] = upstream.name
+                    if status != 200:
+                        # the upstream refused the request itself (bad sampling values, context too long)
+                        upstream.breaker.record_success()
+                        record.status = status
+                        record.outcome = "upstream_rejected"
+                        record.error_type = f"upstream_{status}"
+                        self.gw.finish(record, rt)
+                        return Response(
+                            data, status_code=status, media_type="application/json", headers=headers
+                        )
+                    if not stream:
+                        upstream.breaker.record_success()
+                        return self._unary_ok(rt, record, data, chat, headers)
+                    # from here the pump owns the response, the in-flight count and the verdict
+                    pump = _StreamPump(self.gw, rt, record, upstream, response, data, chat, include_usage)
+                    handed_over = True
+                    return _SSEResponse(pump, headers)
                 except TimeoutError:
-                    upstream.breaker.record_failure("timeout")
+                    upstream.breaker.record_failure("first token timeout" if stream else "timeout")
                     reasons.append("timeout")
                     record.upstream = upstream.name
-                    break  # the request's whole time budget is spent
+                    break  # the time budget is spent: no other upstream gets the request
                 except PoolExhaustedError:
                     upstream.breaker.record_neutral()
                     reasons.append("overloaded")
@@ -251,33 +303,18 @@ class Proxy:
                     upstream.breaker.record_failure(str(exc))
                     reasons.append("unreachable")
                     continue
-                except asyncio.CancelledError:
+                except BaseException:
+                    # the client went away (cancelled), or a bug: neither says anything about the upstream
                     upstream.breaker.record_neutral()
                     raise
                 finally:
-                    upstream.in_flight -= 1
-                status = response.status
-                if status in (429, 503):
-                    upstream.breaker.record_neutral()
-                    reasons.append("overloaded")
-                    continue
-                if status >= 500:
-                    upstream.breaker.record_failure(f"HTTP {status}")
-                    reasons.append("upstream_error")
-                    continue
-                upstream.breaker.record_success()
-                record.upstream = upstream.name
-                record.served_model = upstream.served_model
-                headers[UPSTREAM_HEADER] = upstream.name
-                if status != 200:
-                    # the upstream refused the request itself (bad sampling values, context too long)
-                    record.status = status
-                    record.outcome = "upstream_rejected"
-                    record.error_type = f"upstream_{status}"
-                    self.gw.finish(record, rt)
-                    return Response(data, status_code=status, media_type="application/json", headers=headers)
-                return self._unary_ok(rt, record, data, chat, headers)
-            return self._fallback(rt, record, chat, reasons, headers, stream=False)
+                    if not handed_over:
+                        upstream.in_flight -= 1
+                        if response is not None:
+                            response.close()  # idempotent; aborts the connection if not read to the end
+            return self._fallback(
+                rt, record, chat, reasons, headers, stream=stream, include_usage=include_usage
+            )
         except asyncio.CancelledError as exc:
             if watch.owns(exc):
                 return self._disconnected(record, rt)
@@ -407,102 +444,6 @@ class Proxy:
         return Response(
             body, media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"}
         )
-
-    # --- streaming -----------------------------------------------------------------------
-    async def _start_stream(
-        self,
-        request: Request,
-        rt: Runtime,
-        record: RequestRecord,
-        payload: dict[str, Any],
-        candidates: list[Upstream],
-        chat: bool,
-        headers: dict[str, str],
-    ) -> Response:
-        """Connect and wait for the first bytes before answering, so failures can still fall back."""
-        path = "/v1/chat/completions" if chat else "/v1/completions"
-        timeouts = rt.config.timeouts
-        options = payload.get("stream_options") or {}
-        include_usage = bool(options.get("include_usage"))
-        # the gateway always wants usage, for the audit and token metrics
-        payload["stream_options"] = {**options, "include_usage": True}
-        reasons: list[str] = []
-        watch = _DisconnectWatch(request.receive)
-        try:
-            for upstream in candidates[:MAX_ATTEMPTS]:
-                if not upstream.breaker.acquire():
-                    reasons.append("breaker_open")
-                    continue
-                payload["model"] = upstream.served_model
-                body = orjson.dumps(payload)
-                upstream.in_flight += 1
-                handed_over = False
-                try:
-                    async with asyncio.timeout(timeouts.first_token_s):
-                        response = await upstream.pool.request(
-                            "POST",
-                            path,
-                            headers=_JSON_HEADERS,
-                            body=body,
-                            connect_timeout_s=timeouts.connect_s,
-                        )
-                        if response.status != 200:
-                            data = await response.read()
-                            first = b""
-                        else:
-                            first = await response.next_chunk() or b""
-                    status = response.status
-                    if status in (429, 503):
-                        upstream.breaker.record_neutral()
-                        reasons.append("overloaded")
-                        continue
-                    if status >= 500:
-                        upstream.breaker.record_failure(f"HTTP {status}")
-                        reasons.append("upstream_error")
-                        continue
-                    record.upstream = upstream.name
-                    record.served_model = upstream.served_model
-                    headers[UPSTREAM_HEADER] = upstream.name
-                    if status != 200:
-                        upstream.breaker.record_success()
-                        record.status = status
-                        record.outcome = "upstream_rejected"
-                        record.error_type = f"upstream_{status}"
-                        self.gw.finish(record, rt)
-                        return Response(
-                            data, status_code=status, media_type="application/json", headers=headers
-                        )
-                    handed_over = True
-                    pump = _StreamPump(self.gw, rt, record, upstream, response, first, chat, include_usage)
-                    return _SSEResponse(pump, headers)
-                except TimeoutError:
-                    upstream.breaker.record_failure("first token timeout")
-                    reasons.append("timeout")
-                    record.upstream = upstream.name
-                    break
-                except PoolExhaustedError:
-                    upstream.breaker.record_neutral()
-                    reasons.append("overloaded")
-                    continue
-                except UpstreamError as exc:
-                    upstream.breaker.record_failure(str(exc))
-                    reasons.append("unreachable")
-                    continue
-                except asyncio.CancelledError:
-                    upstream.breaker.record_neutral()
-                    raise
-                finally:
-                    if not handed_over:
-                        upstream.in_flight -= 1
-            return self._fallback(
-                rt, record, chat, reasons, headers, stream=True, include_usage=include_usage
-            )
-        except asyncio.CancelledError as exc:
-            if watch.owns(exc):
-                return self._disconnected(record, rt)
-            raise
-        finally:
-            watch.stop()
 
 
 class _SSEResponse(Response):
