@@ -75,8 +75,8 @@ molecule: lab-up ## every molecule scenario (role tests on lab-image containers)
 	done
 
 lab-test: lab-up ## acceptance tests on the running lab (site idempotence, GPU modules, faults)
-	# the site test goes first: it repairs and converges the nodes the other lab tests use
-	LAB_TESTS_REQUIRED=1 pytest -m lab tests/lab/test_site_on_lab.py tests/lab
+	# tests/lab/conftest.py runs test_site_on_lab.py first: it converges the nodes the others use
+	LAB_TESTS_REQUIRED=1 pytest -m lab tests/lab
 
 test: deps venv lint syntax unit molecule lab-test ## EVERY TEST: what CI runs
 	@echo "make test: all green"

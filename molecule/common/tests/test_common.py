@@ -25,8 +25,10 @@ def test_chrony_uses_the_configured_servers_and_starts_at_boot(host):
     assert host.service("chrony").is_enabled
 
 
-def test_no_active_swap_entries_in_fstab(host):
-    for line in host.file("/etc/fstab").content_string.splitlines():
+def test_the_swap_line_prepare_added_is_commented_out(host):
+    lines = host.file("/etc/fstab").content_string.splitlines()
+    assert "# /swap.img none swap sw 0 0  # swap off for kubelet (role common)" in lines
+    for line in lines:
         fields = line.split()
         assert line.startswith("#") or len(fields) < 3 or fields[2] != "swap"
 
@@ -44,8 +46,10 @@ def test_ops_user_has_exactly_the_configured_key_and_sudo(host):
     assert host.run("visudo -cf /etc/sudoers.d/ops-ops").rc == 0
 
 
-def test_removed_operator_does_not_exist(host):
+def test_the_operator_who_left_is_removed(host):
+    # prepare.yml created the account; the role's `state: absent` must remove it
     assert not host.user("formerop").exists
+    assert not host.file("/etc/sudoers.d/ops-formerop").exists
 
 
 def test_sshd_effective_config_is_hardened(host):
@@ -55,4 +59,7 @@ def test_sshd_effective_config_is_hardened(host):
     assert "kbdinteractiveauthentication no" in effective
     assert "maxauthtries 3" in effective
     assert "x11forwarding no" in effective
+    # sshd -T prints one line per AllowGroups entry
+    allow_groups = [line for line in effective if line.startswith("allowgroups ")]
+    assert allow_groups == ["allowgroups root", "allowgroups sudo"]
     assert host.service("ssh").is_running
