@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -148,6 +149,7 @@ def test_overload_neither_opens_nor_closes() -> None:
 def _upstreams(weights: dict[str, int]) -> list[Upstream]:
     config = parse_config(
         {
+            "auth": {"mode": "none"},
             "models": {
                 "m": {
                     "upstreams": [
@@ -260,6 +262,7 @@ def test_example_config_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
 )
 def test_bad_config_names_the_key(change: dict[str, Any], key: str) -> None:
     data: dict[str, Any] = {
+        "auth": {"mode": "none"},
         "models": {"m": {"upstreams": [{"name": "a", "url": "http://127.0.0.1:1", "served_model": "m"}]}},
         "audit": {"path": "-"},
         **change,
@@ -267,6 +270,38 @@ def test_bad_config_names_the_key(change: dict[str, Any], key: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_config(data)
     assert key in str(info.value)
+
+
+def test_auth_section_is_required_and_none_must_be_explicit() -> None:
+    data: dict[str, Any] = {
+        "models": {"m": {"upstreams": [{"name": "a", "url": "http://127.0.0.1:1", "served_model": "m"}]}},
+        "audit": {"path": "-"},
+    }
+    with pytest.raises(ConfigError) as info:
+        parse_config(data)
+    assert str(info.value).startswith("auth: required") and "mode: none" in str(info.value)
+    with pytest.raises(ConfigError, match="auth: "):
+        parse_config({**data, "auth": {}})  # mode defaults to jwt, which needs a key source
+    assert parse_config({**data, "auth": {"mode": "none"}}).auth.mode == "none"
+
+
+def test_short_hs256_secret_is_warned_about_without_the_secret(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    short = "tooshort-0123456789abcdef-xyz"  # 29 bytes
+    monkeypatch.setenv("LLM_GATEWAY_SHORT_SECRET", short)
+    with caplog.at_level(logging.WARNING, logger="llm_gateway.auth"):
+        JwtAuth(AuthConfig(mode="jwt", hs256_secret_env="LLM_GATEWAY_SHORT_SECRET"))
+    assert len(caplog.records) == 1
+    message = caplog.records[0].getMessage()
+    assert "LLM_GATEWAY_SHORT_SECRET" in message and "32 bytes" in message
+    assert short not in message and str(len(short)) not in message
+    caplog.clear()
+    monkeypatch.setenv("LLM_GATEWAY_SHORT_SECRET", "é" * 16)  # 32 bytes in UTF-8: long enough
+    with caplog.at_level(logging.WARNING, logger="llm_gateway.auth"):
+        JwtAuth(AuthConfig(mode="jwt", hs256_secret_env="LLM_GATEWAY_SHORT_SECRET"))
+        JwtAuth(AuthConfig(mode="jwt", hs256_secret_env=JWT_ENV))
+    assert caplog.records == []
 
 
 def test_upstream_url_parts() -> None:

@@ -7,6 +7,7 @@ The secret is never logged or put in an error message.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections import OrderedDict
@@ -17,7 +18,11 @@ import jwt
 from .config import AuthConfig, ConfigError
 from .errors import ApiError, unauthorized
 
+log = logging.getLogger("llm_gateway.auth")
+
 _CACHE_SIZE = 4096
+# RFC 7518 3.2: an HS256 key must be at least as long as the hash output.
+MIN_HS256_SECRET_BYTES = 32
 _CACHE_TTL_WITHOUT_EXP_S = 60.0
 
 
@@ -44,6 +49,14 @@ class JwtAuth:
             if not secret:
                 raise ConfigError(
                     f"auth.hs256_secret_env: environment variable {config.hs256_secret_env} is not set"
+                )
+            if len(secret.encode()) < MIN_HS256_SECRET_BYTES:
+                # the variable's name only: neither the secret nor its length is logged
+                log.warning(
+                    "auth.hs256_secret_env: the secret in %s is shorter than %d bytes, which makes "
+                    "tokens guessable offline; use a random one, e.g. `openssl rand -hex 32`",
+                    config.hs256_secret_env,
+                    MIN_HS256_SECRET_BYTES,
                 )
             self._secret = secret
             self._algorithms = ["HS256"]
@@ -117,4 +130,7 @@ class JwtAuth:
 
 
 def build_authenticator(config: AuthConfig) -> Authenticator:
-    return NoAuth() if config.mode == "none" else JwtAuth(config)
+    if config.mode == "none":
+        log.warning("auth.mode is none: requests are not authenticated and audit lines carry no user")
+        return NoAuth()
+    return JwtAuth(config)

@@ -17,8 +17,10 @@ def _openapi() -> dict[str, object]:
     from .config import parse_config
     from .runtime import Gateway
 
+    logging.disable(logging.WARNING)  # the placeholder config below runs without auth: no warning
     config = parse_config(
         {
+            "auth": {"mode": "none"},
             "models": {"m": {"upstreams": [{"name": "a", "url": "http://127.0.0.1:1", "served_model": "m"}]}},
             "audit": {"path": "/dev/null"},
         }

@@ -142,7 +142,7 @@ class AuditConfig(_Section):
 class GatewayConfig(_Section):
     listen: ListenConfig = ListenConfig()
     internal: InternalListenConfig = InternalListenConfig()
-    auth: AuthConfig = AuthConfig(mode="none")
+    auth: AuthConfig  # required: running without authentication must be written down (mode: none)
     models: dict[str, ModelConfig] = Field(min_length=1)
     limits: LimitsConfig = LimitsConfig()
     timeouts: TimeoutsConfig = TimeoutsConfig()
@@ -178,6 +178,11 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> GatewayConfig:
             message = error["msg"]
             if error["type"] == "extra_forbidden":
                 message = "unknown key"
+            elif error["type"] == "missing" and loc == ("auth",):
+                message = (
+                    "required: mode: jwt with hs256_secret_env or jwks_file, "
+                    "or mode: none to run without authentication"
+                )
             problems.append(f"{_key_path(loc)}: {message}")
         raise ConfigError("; ".join(problems)) from None
     return _resolve_paths(config, base_dir)
