@@ -49,3 +49,19 @@ def test_cli_check_names_the_bad_key(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "limits.on_overlong" in result.stderr
+
+
+def test_cli_check_refuses_an_unwritable_audit_path(tmp_path: Path) -> None:
+    config = tmp_path / "gateway.yaml"
+    missing = tmp_path / "no-such-dir" / "audit.jsonl"
+    config.write_text(EXAMPLE.read_text().replace("/var/log/llm-gateway/audit.jsonl", str(missing)))
+    (tmp_path / "blocked_terms.txt").write_text("x\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "llm_gateway.cli", "--config", str(config), "--check"],
+        capture_output=True,
+        text=True,
+        env={"GATEWAY_JWT_SECRET": "s" * 40, "PATH": ""},
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stdout
+    assert f"audit.path: directory {missing.parent} does not exist" in result.stderr

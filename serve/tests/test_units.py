@@ -228,9 +228,14 @@ def test_rs256_from_jwks(tmp_path: Path) -> None:
 # --- config -------------------------------------------------------------------------------
 
 
-def test_example_config_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_example_config_is_valid(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("GATEWAY_JWT_SECRET", "x" * 40)
-    config = load_config(EXAMPLE)
+    example = tmp_path / "gateway.yaml"  # its audit directory, /var/log/llm-gateway, is not here
+    example.write_text(
+        EXAMPLE.read_text().replace("/var/log/llm-gateway/audit.jsonl", str(tmp_path / "audit.jsonl"))
+    )
+    (tmp_path / "blocked_terms.txt").write_text((EXAMPLE.parent / "blocked_terms.txt").read_text())
+    config = load_config(example)
     assert [u.weight for u in config.models["qwen2-7b"].upstreams] == [90, 10]
     assert config.fallback.message == "系统繁忙，请稍后再试"
 
@@ -322,3 +327,58 @@ def test_vllm_metrics_parsing() -> None:
         "num_requests_waiting": 7.0,
         "kv_cache_usage_perc": 0.5,
     }
+
+
+def test_audit_path_must_be_writable_at_load(tmp_path: Path) -> None:
+    data: dict[str, Any] = {
+        "auth": {"mode": "none"},
+        "models": {"m": {"upstreams": [{"name": "a", "url": "http://127.0.0.1:1", "served_model": "m"}]}},
+    }
+    (tmp_path / "a-file").write_text("")
+    for path, problem in (
+        (tmp_path / "missing" / "audit.jsonl", "does not exist"),
+        (tmp_path / "a-file" / "audit.jsonl", "does not exist"),
+        (tmp_path, "is a directory"),
+    ):
+        with pytest.raises(ConfigError) as info:
+            parse_config({**data, "audit": {"path": str(path)}})
+        assert str(info.value).startswith("audit.path: ") and problem in str(info.value)
+    for fine in (str(tmp_path / "new.jsonl"), str(tmp_path / "a-file"), "-"):
+        assert parse_config({**data, "audit": {"path": fine}}).audit.path == fine
+
+
+def test_audit_file_gone_after_validation_names_audit_path(tmp_path: Path) -> None:
+    from llm_gateway.runtime import Gateway
+
+    directory = tmp_path / "logs"
+    directory.mkdir()
+    config = parse_config(
+        {
+            "auth": {"mode": "none"},
+            "models": {"m": {"upstreams": [{"name": "a", "url": "http://127.0.0.1:1", "served_model": "m"}]}},
+            "audit": {"path": str(directory / "audit.jsonl")},
+        }
+    )
+    directory.rmdir()
+    with pytest.raises(ConfigError, match=r"^audit\.path: cannot open"):
+        Gateway(config)
+
+
+async def test_reload_to_an_unwritable_audit_path_is_refused(tmp_path: Path) -> None:
+    from llm_gateway.runtime import Gateway
+
+    config_path = tmp_path / "gateway.json"
+    data: dict[str, Any] = {
+        "auth": {"mode": "none"},
+        "models": {"m": {"upstreams": [{"name": "a", "url": "http://127.0.0.1:1", "served_model": "m"}]}},
+        "audit": {"path": str(tmp_path / "audit.jsonl")},
+    }
+    config_path.write_text(json.dumps(data))
+    gateway = Gateway(load_config(config_path), config_path)
+    try:
+        data["audit"] = {"path": str(tmp_path / "gone" / "audit.jsonl")}
+        config_path.write_text(json.dumps(data))
+        assert not await gateway.reload()
+        assert gateway.audit.path == str(tmp_path / "audit.jsonl")  # the running trail stays
+    finally:
+        await gateway.close()

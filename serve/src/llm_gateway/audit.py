@@ -19,6 +19,8 @@ from typing import IO, Any, Literal
 
 import orjson
 
+from .config import ConfigError
+
 log = logging.getLogger("llm_gateway.audit")
 
 _BATCH_INTERVAL_S = 0.05
@@ -43,7 +45,10 @@ class AuditLog:
         self.dropped = 0
         self._file: IO[bytes] | None = None
         self._thread = threading.Thread(target=self._run, name="audit-writer", daemon=True)
-        self._open()
+        try:
+            self._open()
+        except OSError as exc:  # validated at load; this is the file going away since
+            raise ConfigError(f"audit.path: cannot open {path}: {exc.strerror or exc}") from None
         self._thread.start()
 
     def _open(self) -> None:

@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"llm-gateway: invalid configuration {args.config}: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
-        print(f"llm-gateway: cannot listen: {exc}", file=sys.stderr)
+        print(f"llm-gateway: cannot start: {exc}", file=sys.stderr)
         return 1
     return 0
 

@@ -188,8 +188,27 @@ def parse_config(data: Any, *, base_dir: Path | None = None) -> GatewayConfig:
     return _resolve_paths(config, base_dir)
 
 
+def _check_audit_path(value: str) -> None:
+    """The audit file must be writable now: found at start (and by --check), not by the writer."""
+    if value == "-":
+        return
+    path = Path(value)  # as given: relative to the working directory, as the writer opens it
+    if path.is_dir():
+        raise ConfigError(f"audit.path: {path} is a directory, not a file")
+    if path.exists():
+        if not os.access(path, os.W_OK):
+            raise ConfigError(f"audit.path: {path} is not writable")
+        return
+    parent = path.parent
+    if not parent.is_dir():
+        raise ConfigError(f"audit.path: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"audit.path: directory {parent} is not writable")
+
+
 def _resolve_paths(config: GatewayConfig, base_dir: Path | None) -> GatewayConfig:
     """Relative file paths are relative to the config file, and must exist now, not at first use."""
+    _check_audit_path(config.audit.path)
     base = base_dir or Path.cwd()
     safety, auth = config.safety, config.auth
     if safety.terms_file is not None:

@@ -89,6 +89,13 @@ class Gateway:
         try:
             config = await asyncio.to_thread(load_config, self.config_path)
             auth, safety = await asyncio.to_thread(prepare, config)
+            new_audit = None
+            audit = config.audit
+            if audit.path != self.audit.path or audit.queue_size != self.runtime.config.audit.queue_size:
+                # opened before the swap: a file that cannot be opened refuses the reload
+                new_audit = await asyncio.to_thread(
+                    AuditLog, audit.path, audit.queue_size, self.metrics.audit_dropped.inc
+                )
         except Exception as exc:  # a reload must never take the gateway down
             log.error("config reload refused, keeping the running config: %s", exc)
             self.metrics.reloads.labels("error").inc()
@@ -107,9 +114,9 @@ class Gateway:
                 task = asyncio.create_task(upstream.close(drain_s=old.config.timeouts.total_s))
                 self._closing.add(task)
                 task.add_done_callback(self._closing.discard)
-        if config.audit.path != self.audit.path or config.audit.queue_size != old.config.audit.queue_size:
+        if new_audit is not None:
             previous_audit = self.audit
-            self.audit = AuditLog(config.audit.path, config.audit.queue_size, self.metrics.audit_dropped.inc)
+            self.audit = new_audit
             await asyncio.to_thread(previous_audit.close)
         else:
             self.audit.reopen()
