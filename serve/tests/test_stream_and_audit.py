@@ -190,3 +190,29 @@ def test_metrics_and_dump_state(make_sim: Any, make_gateway: Any, client: httpx.
     ):
         assert name in metrics, name
     assert client.get(gw.url + "/metrics").status_code == 404  # not on the public listener
+
+
+def test_models_listing_is_audited_rejected_or_not(
+    make_sim: Any, make_gateway: Any, client: httpx.Client
+) -> None:
+    sim = make_sim()
+    gw = make_gateway({"m": [{"name": "a", "url": sim.url, "served_model": "m"}]})
+    denied = client.get(gw.url + "/v1/models", headers={"X-App-Name": "scanner", "X-Request-ID": "probe-1"})
+    assert denied.status_code == 401 and denied.headers["x-request-id"] == "probe-1"
+    forged = client.get(gw.url + "/v1/models", headers={"Authorization": "Bearer not.a.jwt"})
+    assert forged.status_code == 401
+    listed = client.get(gw.url + "/v1/models", headers=auth_headers("carol", **{"X-App-Name": "kb-qa"}))
+    assert listed.status_code == 200 and listed.json()["data"][0]["id"] == "m"
+    # liveness and readiness probes are not audited (they never reach auth)
+    assert client.get(gw.url + "/health").status_code == 200
+    assert client.get(gw.url + "/ready").status_code == 200
+    records = gw.audit_records(3)
+    assert [r["endpoint"] for r in records] == ["models"] * 3
+    first, second, ok = records
+    assert first["request_id"] == "probe-1" and first["app"] == "scanner" and first["user"] is None
+    assert first["status"] == 401 and first["outcome"] == "rejected"
+    assert first["error_type"] == "unauthorized" and first["client"] == "127.0.0.1"
+    assert second["status"] == 401 and second["request_id"] == forged.headers["x-request-id"]
+    assert ok["status"] == 200 and ok["outcome"] == "ok" and ok["user"] == "carol"
+    assert ok["request_id"] == listed.headers["x-request-id"] and ok["app"] == "kb-qa"
+    assert len(gw.audit_records(4, timeout=0.3)) == 3

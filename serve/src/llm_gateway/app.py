@@ -16,8 +16,8 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import __version__
-from .errors import ApiError, error_body
-from .proxy import REQUEST_ID, Proxy
+from .errors import error_body
+from .proxy import Proxy
 from .runtime import Gateway
 from .schema import (
     ChatCompletionRequest,
@@ -155,21 +155,12 @@ def create_public_app(gateway: Gateway) -> FastAPI:
     @app.get(
         "/v1/models",
         summary="The models this gateway serves",
+        openapi_extra={"parameters": _AUTH_HEADERS},
         response_model=None,
         responses={200: {"model": ModelList, "description": "Models"}, 401: _ERRORS[401]},
     )
     async def models(request: Request) -> Response:
-        rt = gateway.runtime
-        request_id = request.headers.get("x-request-id") or ""
-        try:
-            rt.auth.authenticate(request.headers.get("authorization"))
-        except ApiError as exc:
-            return exc.response({REQUEST_ID: request_id} if request_id else None)
-        created = int(rt.loaded_at)
-        data = [
-            {"id": m, "object": "model", "created": created, "owned_by": "llm-gateway"} for m in rt.models
-        ]
-        return Response(orjson.dumps({"object": "list", "data": data}), media_type="application/json")
+        return proxy.list_models(request)
 
     @app.get(
         "/health",

@@ -157,6 +157,36 @@ class Proxy:
         finally:
             gw.in_flight -= 1
 
+    def list_models(self, request: Request) -> Response:
+        """GET /v1/models: authenticated, and audited like any request that reaches auth."""
+        gw = self.gw
+        rt = gw.runtime
+        record = RequestRecord(
+            _request_id(request),
+            "models",
+            request.headers.get("x-app-name"),
+            request.client.host if request.client else None,
+            time.perf_counter(),
+        )
+        headers = {REQUEST_ID: record.request_id}
+        try:
+            record.user = rt.auth.authenticate(request.headers.get("authorization"))
+        except ApiError as exc:
+            record.status = exc.status
+            record.outcome = "rejected"
+            record.error_type = exc.kind
+            gw.finish(record, rt)
+            return exc.response(headers)
+        created = int(rt.loaded_at)
+        data = [
+            {"id": m, "object": "model", "created": created, "owned_by": "llm-gateway"} for m in rt.models
+        ]
+        record.status = 200
+        gw.finish(record, rt)
+        return Response(
+            orjson.dumps({"object": "list", "data": data}), media_type="application/json", headers=headers
+        )
+
     async def _handle(self, request: Request, rt: Runtime, record: RequestRecord, chat: bool) -> Response:
         base_headers = {REQUEST_ID: record.request_id}
         try:
