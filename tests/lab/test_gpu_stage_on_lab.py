@@ -5,7 +5,9 @@
 Needs the lab up (`make lab-up`, docs/lab.md); skipped with the reason otherwise. Converges the stage on
 the three nodes, then checks: a drifted power limit is put back and reported as changed; wrong inventory
 values fail before any change, naming the variable. That a second run and `--check` change nothing is
-proved for the whole of site.yml (this stage included) by tests/lab/test_site_on_lab.py.
+proved for the whole of site.yml (this stage included) by tests/lab/test_site_on_lab.py. `--check` on a
+fresh server (no CUDA repository yet) is run on a throw-away container of the lab image
+(`gpu-check-fresh`, 10.89.42.19, reached with podman exec) and must report the install, not fail.
 What the converged nodes look like is checked by molecule/gpu_node/tests/test_gpu_node.py.
 """
 
@@ -15,6 +17,7 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -48,11 +51,12 @@ def on_node(node: str, *command: str) -> str:
     return proc.stdout
 
 
-def playbook(*args: str) -> tuple[int, str, dict[str, dict[str, int]]]:
+def playbook(*args: str, inventory: Path = INVENTORY) -> tuple[int, str, dict[str, dict[str, int]]]:
     """Run playbooks/gpu.yml on the lab; return rc, the whole output and the recap per host."""
     env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
+    env.setdefault("CONTAINERS_CONF", str(ROOT / "tests" / "lab" / "containers.conf"))
     proc = subprocess.run(
-        [str(ROOT / ".venv" / "bin" / "ansible-playbook"), "-i", str(INVENTORY), str(PLAYBOOK), *args],
+        [str(ROOT / ".venv" / "bin" / "ansible-playbook"), "-i", str(inventory), str(PLAYBOOK), *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -73,14 +77,61 @@ def power_limits_w(node: str) -> list[int]:
     return [int(w) for w in re.findall(r"power (\d+) W", state)]
 
 
-@pytest.fixture(scope="module")
-def converged() -> None:
+def require_lab() -> None:
     if shutil.which("podman") is None:
         pytest.skip("podman is not installed: the lab is not set up here (make lab-up, docs/lab.md)")
     running = podman("ps", "--format", "{{.Names}}").stdout.split()
     down = [node for node in NODES if node not in running]
     if down:
         pytest.skip(f"lab nodes not running: {', '.join(down)} (make lab-up)")
+
+
+FRESH = "gpu-check-fresh"
+# on the lab network next to the nodes (.11-.13), clear of lab services (.3-.10) and molecule (.31-.59)
+FRESH_IP = "10.89.42.19"
+LAB_IMAGE = "localhost/llm-lab-node:bookworm"
+
+
+@pytest.fixture
+def fresh_node(tmp_path: Path) -> Iterator[Path]:
+    """A never-converged server: a throw-away lab-image container; yields an inventory for it."""
+    require_lab()
+    podman("rm", "--force", "--time", "0", FRESH)
+    started = podman(
+        "run", "--detach", "--name", FRESH, "--hostname", FRESH, "--systemd", "always",
+        "--network", "llmlab", "--ip", FRESH_IP, "--no-hosts", LAB_IMAGE, "/sbin/init",
+    )  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    try:
+        (tmp_path / "group_vars").mkdir()
+        shutil.copy(
+            INVENTORY.parent / "group_vars" / "gpu_nodes.yml", tmp_path / "group_vars" / "gpu_nodes.yml"
+        )
+        (tmp_path / "hosts.yml").write_text(
+            "all:\n  children:\n    gpu_nodes:\n      hosts:\n"
+            f"        {FRESH}:\n          ansible_connection: containers.podman.podman\n"
+            "          ansible_python_interpreter: /usr/bin/python3\n"
+        )
+        yield tmp_path / "hosts.yml"
+    finally:
+        podman("rm", "--force", "--time", "0", FRESH)
+
+
+def test_check_mode_on_a_fresh_node_reports_the_install(fresh_node: Path) -> None:
+    rc, output, recap = playbook("--check", inventory=fresh_node)
+    assert rc == 0, output[-4000:]
+    assert recap[FRESH]["failed"] == 0
+    assert recap[FRESH]["changed"] > 0
+    assert "would install cuda-drivers-535=535.183.06-*" in " ".join(output.split())
+    assert "would install cuda-toolkit-12-1=12.1.1-*" in " ".join(output.split())
+    # --check wrote nothing
+    listing = podman("exec", FRESH, "ls", "/etc/apt/sources.list.d/").stdout.split()
+    assert "cuda.sources" not in listing
+
+
+@pytest.fixture(scope="module")
+def converged() -> None:
+    require_lab()
     rc, output, recap = playbook()
     assert rc == 0, output[-4000:]
     assert set(recap) == set(NODES)
