@@ -153,6 +153,36 @@ def container_state(name: str) -> dict | None:
     return json.loads(result.stdout)[0]
 
 
+def process_alive(pid: int) -> bool:
+    """True for a live process; False for none, or a zombie nobody reaped yet."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def is_orphaned(state: dict) -> bool:
+    """podman records it as running, but its conmon or its init is dead (killed with the session)."""
+    status = state["State"]["Status"]
+    if status == "stopping":
+        return True
+    if status != "running":
+        return False
+    pids = [state["State"].get("ConmonPid") or 0, state["State"].get("Pid") or 0]
+    return any(pid > 0 and not process_alive(pid) for pid in pids)
+
+
+def force_remove(name: str) -> None:
+    """rm -f, tolerating podman noticing the dead container half-way ("container not running")."""
+    for _ in range(3):
+        podman("rm", "-f", "-t", "2", name, check=False)
+        if container_state(name) is None:
+            return
+        time.sleep(1)
+    raise LabError(f"{name}: could not remove the container; try: podman rm -f {name}")
+
+
 def ensure_container(name: str, config_key: str, run_args: list[str]) -> bool:
     """Create, start or recreate one container; True when it had to be (re)created."""
     config = hashlib.sha256((config_key + "\0".join(run_args) + image_inputs_hash()).encode()).hexdigest()[
@@ -162,6 +192,12 @@ def ensure_container(name: str, config_key: str, run_args: list[str]) -> bool:
     if state is not None and state["Config"]["Labels"].get("llm-lab.config") != config:
         log(f"{name}: made with another lab configuration; recreating it")
         podman("rm", "-f", "-t", "5", name)
+        state = None
+    if state is not None and is_orphaned(state):
+        # podman still records it as running, but its processes were killed with the session
+        # that started them (conmon included), so podman can neither stop nor start it.
+        log(f"{name}: its processes are gone but podman says {state['State']['Status']!r}; recreating it")
+        force_remove(name)
         state = None
     if state is None:
         podman(
