@@ -97,6 +97,8 @@ def ensure_image(rebuild: bool = False) -> None:
         os.environ, CONTAINERS_CONF=os.environ.get("CONTAINERS_CONF", str(LAB_SRC / "containers.conf"))
     )
     subprocess.run([str(LAB_SRC / "image" / "build_image.sh"), IMAGE, wanted], check=True, env=env)
+    # the build it replaced is left untagged: drop it (containers still using it keep it)
+    podman("image", "prune", "-f", "--filter", "label=llm-lab.inputs", check=False)
 
 
 def ensure_ssh_key() -> None:
@@ -367,9 +369,11 @@ def cmd_destroy(_: argparse.Namespace) -> None:
     if podman("network", "exists", NETWORK, check=False).returncode == 0:
         podman("network", "rm", "-f", NETWORK)
         log(f"removed network {NETWORK}")
-    if image_label(IMAGE) is not None:
-        podman("rmi", "-f", IMAGE)
-        log(f"removed image {IMAGE}")
+    # the current image and earlier builds it replaced (left untagged), all carry the inputs label
+    images = podman("images", "-a", "-q", "--filter", "label=llm-lab.inputs").stdout.split()
+    if images:
+        podman("rmi", "-f", *sorted(set(images)))
+        log(f"removed {len(set(images))} lab image(s) ({IMAGE} and earlier builds)")
     if STATE.exists():
         subprocess.run(["rm", "-rf", str(STATE)], check=True)
         log(f"removed {STATE.relative_to(REPO)}/")
