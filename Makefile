@@ -38,7 +38,7 @@ lab-up: deps venv ## start (or repair) the three lab nodes and the mirror
 lab: lab-up ## THE MAIN JOB on the lab: converge playbooks/site.yml on the three nodes
 	ansible-playbook -i $(LAB_INVENTORY) playbooks/site.yml
 	# the summary: one line per node (driver, GPUs, power, health)
-	ANSIBLE_CALLBACKS_ENABLED= ansible-playbook -i $(LAB_INVENTORY) playbooks/report.yml
+	ansible-playbook -i $(LAB_INVENTORY) playbooks/report.yml
 	$(BIN)/python tests/lab/labctl.py status
 
 lab-status: ## the lab's containers

@@ -152,3 +152,14 @@ def test_apt_policy_shows_the_stand_in_packages_from_the_lab_mirror():
     assert "Installed: 12.1.1-1" in policy
     # the newer 535 release is visible but pinned away
     assert "535.216.03-1" in policy
+
+
+def test_make_lab_on_the_converged_lab_changes_nothing_and_reports_every_node():
+    """The README's main command, as an engineer runs it: lab-up, site.yml, then the report."""
+    proc = subprocess.run(["make", "lab"], cwd=ROOT, capture_output=True, text=True, env=env(), timeout=1800)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-6000:]
+    recap = {m["host"]: int(m["changed"]) for m in RECAP.finditer(output)}
+    assert recap == dict.fromkeys(NODES, 0), changed_tasks(output)
+    report = re.findall(r"msg: driver 535\.183\.06 \(CUDA 12\.2\), 4 x NVIDIA A100-PCIE-40GB, .*\n.*health (\w+)", output)
+    assert report == ["healthy"] * 3, output[-3000:]
