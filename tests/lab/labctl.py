@@ -187,13 +187,12 @@ def force_remove(name: str) -> None:
 
 def ensure_container(name: str, config_key: str, run_args: list[str]) -> bool:
     """Create, start or recreate one container; True when it had to be (re)created."""
-    config = hashlib.sha256((config_key + "\0".join(run_args) + image_inputs_hash()).encode()).hexdigest()[
-        :16
-    ]
+    inputs = config_key + "\0".join(run_args) + image_inputs_hash()
+    config = hashlib.sha256(inputs.encode()).hexdigest()[:16]
     state = container_state(name)
     if state is not None and state["Config"]["Labels"].get("llm-lab.config") != config:
         log(f"{name}: made with another lab configuration; recreating it")
-        podman("rm", "-f", "-t", "5", name)
+        force_remove(name)
         state = None
     if state is not None and is_orphaned(state):
         # podman still records it as running, but its processes were killed with the session
@@ -219,7 +218,7 @@ def ensure_container(name: str, config_key: str, run_args: list[str]) -> bool:
         log(f"{name}: was {state['State']['Status']}; starting it")
         if podman("start", name, check=False).returncode != 0:
             log(f"{name}: would not start; recreating it")
-            podman("rm", "-f", name)
+            force_remove(name)
             return ensure_container(name, config_key, run_args)
     return False
 
@@ -324,8 +323,9 @@ def write_ssh_config() -> None:
 
 def remove_containers() -> None:
     names = podman("ps", "-a", "--filter", f"label={LABEL}", "--format", "{{.Names}}").stdout.split()
+    for name in names:
+        force_remove(name)
     if names:
-        podman("rm", "-f", "-t", "5", *names)
         log(f"removed containers: {' '.join(names)}")
 
 
