@@ -121,7 +121,7 @@ from types import ModuleType
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpu_inventory import normalise_bus_id, watts
+from ansible.module_utils.gpu_inventory import normalise_bus_id, temperature_threshold, watts
 from ansible.module_utils.nvml_session import (
     NvmlUnavailable,
     describe_error,
@@ -161,16 +161,8 @@ def read_gpu(nvml: ModuleType, index: int) -> GpuState:
     constraints = optional(nvml, "nvmlDeviceGetPowerManagementLimitConstraints", handle)
     persistence = optional(nvml, "nvmlDeviceGetPersistenceMode", handle)
 
-    def threshold(name: str) -> int | None:
-        constant = getattr(nvml, name, None)
-        return (
-            None
-            if constant is None
-            else optional(nvml, "nvmlDeviceGetTemperatureThreshold", handle, constant)
-        )
-
-    target_min = threshold("NVML_TEMPERATURE_THRESHOLD_ACOUSTIC_MIN")
-    target_max = threshold("NVML_TEMPERATURE_THRESHOLD_ACOUSTIC_MAX")
+    target_min = temperature_threshold(nvml, handle, "NVML_TEMPERATURE_THRESHOLD_ACOUSTIC_MIN")
+    target_max = temperature_threshold(nvml, handle, "NVML_TEMPERATURE_THRESHOLD_ACOUSTIC_MAX")
     return GpuState(
         index=index,
         handle=handle,
@@ -179,7 +171,9 @@ def read_gpu(nvml: ModuleType, index: int) -> GpuState:
         current={
             "power_limit_w": watts(optional(nvml, "nvmlDeviceGetPowerManagementLimit", handle)),
             "persistence_mode": None if persistence is None else bool(persistence),
-            "target_temperature_c": threshold("NVML_TEMPERATURE_THRESHOLD_ACOUSTIC_CURR"),
+            "target_temperature_c": temperature_threshold(
+                nvml, handle, "NVML_TEMPERATURE_THRESHOLD_ACOUSTIC_CURR"
+            ),
         },
         ranges={
             "power_limit_w": None if constraints is None else (watts(constraints[0]), watts(constraints[1])),

@@ -139,14 +139,17 @@ def _read_power(nvml: ModuleType, handle: Any) -> dict[str, Any]:
     }
 
 
+def temperature_threshold(nvml: ModuleType, handle: Any, constant_name: str) -> int | None:
+    """A temperature threshold, or None where this pynvml lacks the constant or the GPU the value."""
+    constant = getattr(nvml, constant_name, None)
+    if constant is None:
+        return None
+    return optional(nvml, "nvmlDeviceGetTemperatureThreshold", handle, constant)
+
+
 def _read_temperature(nvml: ModuleType, handle: Any) -> dict[str, Any]:
     def threshold(name: str) -> int | None:
-        constant = getattr(nvml, name, None)
-        return (
-            None
-            if constant is None
-            else optional(nvml, "nvmlDeviceGetTemperatureThreshold", handle, constant)
-        )
+        return temperature_threshold(nvml, handle, name)
 
     return {
         "gpu_c": optional(nvml, "nvmlDeviceGetTemperature", handle, nvml.NVML_TEMPERATURE_GPU),
