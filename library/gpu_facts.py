@@ -15,29 +15,19 @@ description:
   - Replaces C(nvidia-smi | grep | awk) pipelines, which break when a driver update changes the output.
   - A value the GPU or driver does not support is C(null). A GPU that cannot be read (for example a lost GPU)
     gets an C(error) message and null values, and the module warns; the other GPUs are still reported.
-  - When the running Python cannot import C(pynvml), the module re-runs itself under
-    C(/opt/nvidia-ml-py/bin/python3), where the C(nvidia_driver) role installs C(nvidia-ml-py).
   - Never changes anything. Does not need root.
 version_added: "0.1.0"
 author: "A100 LLM platform team"
 options: {}
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode),
-      when in diff mode.
     support: none
-  facts:
-    description: Action returns an C(ansible_facts) dictionary that will update existing host facts.
-    support: full
-requirements:
-  - NVIDIA driver (libnvidia-ml.so.1) on the target
-  - nvidia-ml-py (the pynvml module), in the target's Python or in /opt/nvidia-ml-py
-notes:
-  - Errors are explained with the fix, for example a driver/library version mismatch after a driver
-    upgrade (reload the nvidia kernel modules or reboot). See docs/gpu-modules.md.
+extends_documentation_fragment:
+  - llm_platform
+  - llm_platform.facts
+  - llm_platform.nvml
 seealso:
   - module: gpu_health
   - module: gpu_topology

@@ -26,8 +26,6 @@ description:
     C(nvidia-smi -q | grep) scripts do) takes healthy GPUs out of service. What matters is an uncorrectable
     error since the driver loaded and a pending or failed remap. Old uncorrectable errors in the aggregate
     (lifetime) counter whose rows were remapped are history, not a verdict.
-  - When the running Python cannot import C(pynvml), the module re-runs itself under
-    C(/opt/nvidia-ml-py/bin/python3), where the C(nvidia_driver) role installs C(nvidia-ml-py).
 version_added: "0.1.0"
 author: "A100 LLM platform team"
 options:
@@ -48,15 +46,12 @@ options:
     default: false
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode),
-      when in diff mode.
     support: none
-requirements:
-  - NVIDIA driver (libnvidia-ml.so.1) on the target
-  - nvidia-ml-py (the pynvml module), in the target's Python or in /opt/nvidia-ml-py
+extends_documentation_fragment:
+  - llm_platform
+  - llm_platform.nvml
 notes:
   - When NVML cannot start at all (driver not installed, driver/library version mismatch), the module does
     not fail unless O(fail_on_unhealthy) is set; it returns C(unhealthy) with node reason C(nvml_error) and

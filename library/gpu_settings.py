@@ -17,8 +17,6 @@ description:
   - NVML settings do not survive a reboot or a driver reload; run this module from the play that
     configures the node, so every converge puts them back.
   - "Needs root (C(become: true)); without it NVML answers Insufficient Permissions and the module says so."
-  - When the running Python cannot import C(pynvml), the module re-runs itself under
-    C(/opt/nvidia-ml-py/bin/python3), where the C(nvidia_driver) role installs C(nvidia-ml-py).
 version_added: "0.1.0"
 author: "A100 LLM platform team"
 options:
@@ -52,15 +50,12 @@ options:
     default: fail
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode),
-      when in diff mode.
     support: full
-requirements:
-  - NVIDIA driver (libnvidia-ml.so.1) on the target
-  - nvidia-ml-py (the pynvml module), in the target's Python or in /opt/nvidia-ml-py
+extends_documentation_fragment:
+  - llm_platform
+  - llm_platform.nvml
 seealso:
   - module: gpu_facts
 """

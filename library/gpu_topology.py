@@ -13,8 +13,6 @@ description:
     or through NVSwitches (HGX boards), and that the node has O(gpu_count) GPUs.
   - Fails listing every missing or inactive pair and a wrong GPU count, so one run names everything to fix.
   - Returns the topology matrix in the names of C(nvidia-smi topo -m). Never changes anything.
-  - When the running Python cannot import C(pynvml), the module re-runs itself under
-    C(/opt/nvidia-ml-py/bin/python3), where the C(nvidia_driver) role installs C(nvidia-ml-py).
 version_added: "0.1.0"
 author: "A100 LLM platform team"
 options:
@@ -36,15 +34,12 @@ options:
     type: int
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode),
-      when in diff mode.
     support: none
-requirements:
-  - NVIDIA driver (libnvidia-ml.so.1) on the target
-  - nvidia-ml-py (the pynvml module), in the target's Python or in /opt/nvidia-ml-py
+extends_documentation_fragment:
+  - llm_platform
+  - llm_platform.nvml
 seealso:
   - module: gpu_facts
   - module: gpu_health
