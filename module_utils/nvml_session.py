@@ -1,33 +1,28 @@
-"""NVML access for the GPU modules: import of pynvml (respawning into /opt/nvidia-ml-py when the running
+"""NVML access for the GPU modules: import of pynvml (respawning into the venv NVML_VENV when the running
 interpreter lacks it), init/shutdown, and translation of NVML errors into messages an on-call engineer
 can act on.
 
 Only the public nvidia-ml-py API is used, so the modules run unchanged against real GPUs and against
-the lab's fake ``pynvml``.
+the lab's fake ``pynvml``. Nothing from Ansible is imported at import time: the boot-time script of role
+gpu_tuning uses this file on nodes without Ansible.
 """
 
 from __future__ import annotations
 
 import contextlib
-import sys
-import traceback
 from collections.abc import Iterator
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.common.respawn import has_respawned, probe_interpreters_for_module, respawn_module
+from ansible.module_utils.venv_respawn import import_or_respawn, venv_python
 
-try:
-    import pynvml
-except ImportError:
-    pynvml = None  # type: ignore[assignment]
-    PYNVML_IMPORT_ERROR: str | None = traceback.format_exc()
-else:
-    PYNVML_IMPORT_ERROR = None
+if TYPE_CHECKING:
+    from ansible.module_utils.basic import AnsibleModule
 
-# Where the nvidia_driver role installs nvidia-ml-py (docs/CONTRACTS.md).
-NVML_VENV_PYTHON = "/opt/nvidia-ml-py/bin/python3"
+# The one home of this path: the virtualenv where the nvidia_driver role installs nvidia-ml-py
+# (docs/CONTRACTS.md). gpu_facts returns it as `nvml_venv` for the roles.
+NVML_VENV = "/opt/nvidia-ml-py"
+NVML_VENV_PYTHON = venv_python(NVML_VENV)
 KERNEL_MODULE_VERSION_FILE = "/sys/module/nvidia/version"
 
 # NVML return codes (nvmlReturn_t); numeric so that messages work whatever the bindings' version.
@@ -46,10 +41,9 @@ UNSUPPORTED_CODES = frozenset({NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT
 
 PYNVML_MISSING_MSG = (
     "The Python module pynvml (PyPI package nvidia-ml-py) cannot be imported by {python}, and "
-    + NVML_VENV_PYTHON
-    + " does not provide it either. Run the nvidia_driver role, which installs nvidia-ml-py into the "
-    "virtualenv /opt/nvidia-ml-py (or by hand: python3 -m venv /opt/nvidia-ml-py && "
-    "/opt/nvidia-ml-py/bin/pip install nvidia-ml-py)."
+    f"{NVML_VENV_PYTHON} does not provide it either. Run the nvidia_driver role, which installs "
+    f"nvidia-ml-py into the virtualenv {NVML_VENV} (or by hand: python3 -m venv {NVML_VENV} && "
+    f"{NVML_VENV}/bin/pip install nvidia-ml-py)."
 )
 
 
@@ -62,15 +56,8 @@ class NvmlUnavailable(Exception):
 
 
 def require_pynvml(module: AnsibleModule) -> ModuleType:
-    """Return the pynvml module, respawning under /opt/nvidia-ml-py's Python if need be; else fail."""
-    if pynvml is not None:
-        return pynvml
-    if not has_respawned():
-        interpreter = probe_interpreters_for_module([NVML_VENV_PYTHON], "pynvml")
-        if interpreter:
-            respawn_module(interpreter)  # does not return
-    module.fail_json(msg=PYNVML_MISSING_MSG.format(python=sys.executable), exception=PYNVML_IMPORT_ERROR)
-    raise AssertionError("fail_json returned")  # pragma: no cover
+    """Return the pynvml module, respawning under NVML_VENV's Python if need be; else fail."""
+    return import_or_respawn(module, "pynvml", NVML_VENV, PYNVML_MISSING_MSG)
 
 
 def error_code(exc: BaseException) -> int | None:

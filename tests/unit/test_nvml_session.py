@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import gpu_facts
@@ -11,6 +12,7 @@ import gpu_topology
 import pynvml
 import pytest
 from ansible.module_utils import nvml_session
+from ansible.module_utils.common import respawn
 from conftest import FakeNode, run_module
 
 MODULES = [gpu_facts, gpu_settings, gpu_topology, gpu_health]
@@ -25,20 +27,19 @@ class Respawned(Exception):
 def without_pynvml(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """The running interpreter cannot import pynvml; record respawn attempts."""
     calls: dict[str, Any] = {"probe": None, "respawn": None}
-    monkeypatch.setattr(nvml_session, "pynvml", None)
-    monkeypatch.setattr(nvml_session, "PYNVML_IMPORT_ERROR", "ModuleNotFoundError: No module named 'pynvml'")
-    monkeypatch.setattr(nvml_session, "has_respawned", lambda: False)
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` raises ImportError
+    monkeypatch.setattr(respawn, "has_respawned", lambda: False)
 
     def probe(interpreters: list[str], name: str) -> str | None:
         calls["probe"] = (interpreters, name)
         return calls.get("interpreter")
 
-    def respawn(interpreter: str) -> None:
+    def respawn_module(interpreter: str) -> None:
         calls["respawn"] = interpreter
         raise Respawned(interpreter)
 
-    monkeypatch.setattr(nvml_session, "probe_interpreters_for_module", probe)
-    monkeypatch.setattr(nvml_session, "respawn_module", respawn)
+    monkeypatch.setattr(respawn, "probe_interpreters_for_module", probe)
+    monkeypatch.setattr(respawn, "respawn_module", respawn_module)
     return calls
 
 
@@ -64,7 +65,7 @@ def test_respawns_into_the_nvidia_ml_py_venv(pcie_node: FakeNode, without_pynvml
 def test_no_second_respawn(
     pcie_node: FakeNode, without_pynvml: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(nvml_session, "has_respawned", lambda: True)
+    monkeypatch.setattr(respawn, "has_respawned", lambda: True)
     without_pynvml["interpreter"] = "/opt/nvidia-ml-py/bin/python3"
     failed, result = run_module(gpu_facts)
     assert failed and "nvidia-ml-py" in result["msg"]
