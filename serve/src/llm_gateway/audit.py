@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import IO, Any, Literal
 
 import orjson
@@ -115,59 +116,42 @@ class AuditLog:
             self._file.close()
 
 
+@dataclass(slots=True)
 class RequestRecord:
     """What the gateway learns about one request as it goes; becomes its audit line."""
 
-    __slots__ = (
-        "app",
-        "client",
-        "completion_tokens",
-        "error_type",
-        "fallback",
-        "kind",
-        "model",
-        "outcome",
-        "payload",
-        "prompt_tokens",
-        "request_id",
-        "safety_action",
-        "served_model",
-        "started",
-        "status",
-        "stream",
-        "time",
-        "truncated",
-        "ttft_s",
-        "upstream",
-        "usage_estimated",
-        "user",
-    )
+    request_id: str
+    kind: str
+    app: str | None
+    client: str | None
+    started: float
+    time: float = field(default_factory=time.time)
+    user: str | None = None
+    model: str | None = None
+    upstream: str | None = None
+    served_model: str | None = None
+    stream: bool = False
+    status: int = 0
+    outcome: str = "ok"
+    error_type: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    usage_estimated: bool = False
+    ttft_s: float | None = None
+    safety_action: str = "none"
+    fallback: str | None = None
+    truncated: bool = False
+    payload: dict[str, Any] | None = None
 
-    def __init__(
-        self, request_id: str, kind: str, app: str | None, client: str | None, started: float
-    ) -> None:
-        self.request_id = request_id
-        self.kind = kind
-        self.app = app
-        self.client = client
-        self.started = started
-        self.time = time.time()
-        self.user: str | None = None
-        self.model: str | None = None
-        self.upstream: str | None = None
-        self.served_model: str | None = None
-        self.stream = False
-        self.status = 0
-        self.outcome = "ok"
-        self.error_type: str | None = None
-        self.prompt_tokens: int | None = None
-        self.completion_tokens: int | None = None
-        self.usage_estimated = False
-        self.ttft_s: float | None = None
-        self.safety_action = "none"
-        self.fallback: str | None = None
-        self.truncated = False
-        self.payload: dict[str, Any] | None = None
+    def settle(self, status: int, outcome: str = "ok", error_type: str | None = None) -> None:
+        """How the request ended: the one place status, outcome and error type are set together.
+
+        Outcomes: ok, rejected (by the gateway), upstream_rejected (4xx from vLLM), upstream_error,
+        timeout, fallback, client_disconnected.
+        """
+        self.status = status
+        self.outcome = outcome
+        self.error_type = error_type
 
     def to_record(self, prompts: Literal["off", "hashed", "full"], latency_s: float) -> dict[str, Any]:
         record: dict[str, Any] = {

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
+from pydantic import ValidationError
 from starlette.responses import Response
 
 
@@ -41,6 +44,11 @@ def error_body(message: str, type_: str, param: str | None = None, code: str | N
     return orjson.dumps({"error": {"message": message, "type": type_, "param": param, "code": code}})
 
 
+def sse_error(message: str, code: str) -> bytes:
+    """An error event that ends a stream already answered 200, then [DONE]."""
+    return b"data: " + error_body(message, "server_error", None, code) + b"\n\ndata: [DONE]\n\n"
+
+
 def unauthorized(message: str) -> ApiError:
     return ApiError(
         401,
@@ -61,3 +69,62 @@ def model_not_found(model: str) -> ApiError:
         code="model_not_found",
         kind="unknown_model",
     )
+
+
+def body_too_large(limit: int) -> ApiError:
+    return ApiError(
+        413, f"The request body is larger than {limit} bytes.", code="body_too_large", kind="too_large"
+    )
+
+
+def invalid_json() -> ApiError:
+    return ApiError(
+        400, "We could not parse the JSON body of your request.", code="invalid_json", kind="invalid_request"
+    )
+
+
+def bad_upstream_answer() -> ApiError:
+    return ApiError(502, "The model server sent an unreadable answer.", type_="server_error")
+
+
+def unavailable(reason: str) -> ApiError:
+    """No upstream answered and the fallback is `error`: 503 with the reason as code."""
+    message = {
+        "overloaded": "The model is overloaded; retry later.",
+        "timeout": "The model did not answer in time.",
+    }.get(reason, "The model is unavailable; retry later.")
+    return ApiError(503, message, type_="server_error", code=reason, headers={"Retry-After": "1"})
+
+
+# pydantic's names for types and validators, which OpenAI's `param` leaves out
+_TYPE_WORDS = {"str", "int", "float", "bool", "list", "dict", "none", "text", "image_url"}
+
+
+def _param(loc: tuple[Any, ...]) -> str:
+    parts = [
+        str(p)
+        for p in loc
+        if isinstance(p, int)
+        or (p not in _TYPE_WORDS and "[" not in p and not p.startswith(("function-", "constrained-")))
+    ]
+    return ".".join(parts)
+
+
+def validation_error(exc: ValidationError) -> ApiError:
+    """A request body the schema refuses, as OpenAI words it (unknown fields first)."""
+    errors = exc.errors(include_url=False, include_input=False)
+    unknown = [e for e in errors if e["type"] == "extra_forbidden"]
+    error = unknown[0] if unknown else errors[0]
+    param = _param(tuple(error["loc"]))
+    if error["type"] == "extra_forbidden":
+        message = f"Unrecognized request argument supplied: {param}"
+        code = "unknown_parameter"
+    elif error["type"] == "json_invalid":
+        return invalid_json()
+    elif error["type"] == "missing":
+        message, code = f"Missing required parameter: '{param}'.", "missing_required_parameter"
+    elif error["type"] in ("model_type", "model_attributes_type", "dict_type") and not param:
+        message, code = "The request body must be a JSON object.", "invalid_json"
+    else:
+        message, code = f"Invalid value for '{param}': {error['msg']}", "invalid_value"
+    return ApiError(400, message, param=param or None, code=code, kind="invalid_request")

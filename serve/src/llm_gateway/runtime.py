@@ -129,6 +129,18 @@ class Gateway:
         )
         return True
 
+    def end(
+        self,
+        record: RequestRecord,
+        runtime: Runtime,
+        status: int,
+        outcome: str = "ok",
+        error_type: str | None = None,
+    ) -> None:
+        """Settle how the request ended and account for it (a request ends exactly once)."""
+        record.settle(status, outcome, error_type)
+        self.finish(record, runtime)
+
     def finish(self, record: RequestRecord, runtime: Runtime) -> None:
         """Account for one finished request: its audit line and its metrics."""
         latency = time.perf_counter() - record.started

@@ -236,6 +236,7 @@ class SimApp:
                 for i in range(n)
             ]
             await send({"type": "http.response.body", "body": event(role), "more_body": True})
+        end = config.stream_end
         last = first
         for position, token in enumerate(tokens):
             if position and config.itl_s:
@@ -246,13 +247,13 @@ class SimApp:
             if position:
                 self.engine.observe_itl(now - last)
             last = now
-            done = reason if position == len(tokens) - 1 else None
+            done = reason if end == "with_text" and position == len(tokens) - 1 else None
             if chat:
                 choices = [{"index": i, "delta": {"content": token}, "finish_reason": done} for i in range(n)]
             else:
                 choices = [{"index": i, "text": token, "finish_reason": done} for i in range(n)]
             await send({"type": "http.response.body", "body": event(choices), "more_body": True})
-        if not tokens:
+        if end != "done" and (end != "with_text" or not tokens):
             empty: list[dict[str, Any]] = [
                 {"index": i, "delta": {}, "finish_reason": reason}
                 if chat
@@ -262,7 +263,7 @@ class SimApp:
             await send({"type": "http.response.body", "body": event(empty), "more_body": True})
         tail = b""
         completion_tokens = len(tokens) * n
-        if include_usage:
+        if (include_usage and end != "done") or end == "usage_chunk":
             usage = {
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": completion_tokens,

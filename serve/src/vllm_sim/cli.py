@@ -10,6 +10,8 @@ from pathlib import Path
 
 import orjson
 
+from .engine import STREAM_ENDS
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vllm-sim", description="vLLM OpenAI server simulator (no GPU)")
@@ -29,6 +31,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--error-rate", type=float, default=0.0, help="share of requests answered 500")
     parser.add_argument("--hang-rate", type=float, default=0.0, help="share of requests that never answer")
     parser.add_argument("--health-fail", action="store_true", help="/health answers 500")
+    parser.add_argument(
+        "--stream-end",
+        choices=STREAM_ENDS,
+        default="with_text",
+        help="how a stream ends: finish reason with the last text (vLLM), in an empty delta (OpenAI), "
+        "plus a usage chunk even when not asked for, or [DONE] right after the text",
+    )
     parser.add_argument("--seed", type=int)
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args(argv)
@@ -51,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         error_rate=args.error_rate,
         hang_rate=args.hang_rate,
         health_fail=args.health_fail,
+        stream_end=args.stream_end,
         seed=args.seed,
     )
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)

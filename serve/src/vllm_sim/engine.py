@@ -17,6 +17,14 @@ _SENTENCE = (
 )
 _WORDS = tuple(_SENTENCE.split(" "))
 
+# How a stream ends, in the forms real servers use:
+#   with_text    the last text chunk carries the finish reason (vLLM)
+#   empty_delta  a chunk with an empty delta (text "") carries it (OpenAI)
+#   usage_chunk  as empty_delta, then a usage chunk even when not asked for (vLLM's
+#                --enable-force-include-usage, some proxies)
+#   done         no finish reason and no usage: [DONE] right after the text
+STREAM_ENDS = ("with_text", "empty_delta", "usage_chunk", "done")
+
 
 @dataclass
 class SimConfig:
@@ -31,15 +39,30 @@ class SimConfig:
     error_rate: float = 0.0  # share of requests answered 500
     hang_rate: float = 0.0  # share of requests that never answer
     health_fail: bool = False  # /health answers 500 (engine dead)
+    stream_end: str = "with_text"  # one of STREAM_ENDS
     seed: int | None = None
+
+    def __post_init__(self) -> None:
+        self._check()
+
+    def _check(self) -> None:
+        if self.stream_end not in STREAM_ENDS:
+            raise ValueError(f"stream_end must be one of {', '.join(STREAM_ENDS)}, not {self.stream_end!r}")
 
     def update(self, changes: dict[str, Any]) -> None:
         names = {f.name for f in fields(self)}
         unknown = set(changes) - names
         if unknown:
             raise ValueError(f"unknown settings: {', '.join(sorted(unknown))}")
+        previous = self.as_dict()
         for key, value in changes.items():
             setattr(self, key, value)
+        try:
+            self._check()
+        except ValueError:
+            for key, value in previous.items():
+                setattr(self, key, value)
+            raise
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
