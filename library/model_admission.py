@@ -240,7 +240,7 @@ gates:
       findings:
         - file: model-00002-of-00002.safetensors
           level: error
-          message: "tensor 'lm_head.weight' data_offsets end 1048576 runs past the end of the data (1000000 bytes)"
+          message: "tensor 'lm_head.weight': data_offsets end 1048576 runs past the end of the file"
     clamav: {verdict: passed, summary: "clamscan found nothing in 7 files", findings: []}
 python_files:
   description: The C(*.py) files of the model (code C(trust_remote_code) would run), relative paths.
@@ -258,17 +258,20 @@ msg:
   description: One line; when refused, every failed gate with its files.
   returned: always
   type: str
-  sample: "refused /models/incoming/bad: safetensors: model-00002-of-00002.safetensors (data runs past the end)"
+  sample: "refused /models/incoming/bad: safetensors (model-00002-of-00002.safetensors: ...)"
 """
 
 import os
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.model_admission_gates import GATES, AdmissionError, Admission, tools_for
+from ansible.module_utils.model_admission_gates import GATES, Admission, AdmissionError, tools_for
 from ansible.module_utils.model_tools import import_tools
 
-DEFAULT_SAMPLES = ["The quick brown fox jumps over the lazy dog.", "大语言模型的权重必须完整、可验证、可读取。"]
+DEFAULT_SAMPLES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "大语言模型的权重必须完整、可验证、可读取。",
+]
 
 
 def main() -> None:

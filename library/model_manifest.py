@@ -8,9 +8,10 @@ DOCUMENTATION = r"""
 module: model_manifest
 short_description: Write or verify the sha256 manifest of a model weights directory
 description:
-  - C(state=generate) hashes every file of O(path) and writes a manifest (JSON, format C(model-manifest/1)) that lists,
-    for each file, its path relative to O(path), its size and its sha256. The manifest is written only when
-    its content changes (no timestamp inside), atomically (temporary file and rename), mode 0644.
+  - C(state=generate) hashes every file of O(path) and writes a manifest (JSON, format
+    C(model-manifest/1)) that lists, for each file, its path relative to O(path), its size and its
+    sha256. The manifest is written only when its content changes (no timestamp inside), atomically
+    (temporary file and rename), mode 0644.
   - C(state=verify) compares O(path) with an existing manifest and returns the files that are missing,
     extra (present but not listed) and mismatched (size or sha256). The task fails when they differ,
     unless O(fail_on_mismatch=false). Files whose size already differs are not hashed.
@@ -114,7 +115,9 @@ EXAMPLES = r"""
 
 - name: Show what differs
   ansible.builtin.debug:
-    msg: "missing {{ model_check.missing }}, extra {{ model_check.extra }}, mismatched {{ model_check.mismatched | map(attribute='path') }}"
+    msg: >-
+      missing {{ model_check.missing }}, extra {{ model_check.extra }},
+      mismatched {{ model_check.mismatched | map(attribute='path') | list }}
   when: not model_check.matches
 """
 
@@ -339,7 +342,9 @@ def main() -> None:
         )
     cache_path = None
     if p["cache"]:
-        cache_path = os.path.abspath(p["cache_path"]) if p["cache_path"] else default_cache_path(manifest_path)
+        cache_path = (
+            os.path.abspath(p["cache_path"]) if p["cache_path"] else default_cache_path(manifest_path)
+        )
     try:
         if p["state"] == "generate":
             result = generate(module, root, manifest_path, cache_path)

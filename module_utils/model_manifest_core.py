@@ -86,9 +86,7 @@ class VerifyResult:
         if self.extra:
             parts.append(f"extra: {', '.join(self.extra)}")
         if self.mismatched:
-            parts.append(
-                "mismatched: " + ", ".join(f"{m['path']} ({m['reason']})" for m in self.mismatched)
-            )
+            parts.append("mismatched: " + ", ".join(f"{m['path']} ({m['reason']})" for m in self.mismatched))
         return "; ".join(parts) if parts else "matches"
 
 
