@@ -15,10 +15,23 @@ description:
   - Replaces C(nvidia-smi | grep | awk) pipelines, which break when a driver update changes the output.
   - A value the GPU or driver does not support is C(null). A GPU that cannot be read (for example a lost GPU)
     gets an C(error) message and null values, and the module warns; the other GPUs are still reported.
-  - Never changes anything. Does not need root.
+  - Also reports, from C(/proc) and C(/sys) and so without NVML, the processes holding C(/dev/nvidia*) open
+    and whether the node has NVSwitches. With O(nvml=false) that is all it reads, which works before the
+    driver is installed and during a driver/library version mismatch.
+  - Never changes anything. Needs root to see other users' processes in C(device_processes); the rest does
+    not need root.
 version_added: "0.1.0"
 author: "A100 LLM platform team"
-options: {}
+options:
+  nvml:
+    description:
+      - Read the driver and the GPUs through NVML. When NVML cannot start (no driver, version mismatch), the
+        module fails with a message that says why and how to fix it.
+      - V(false) reads only C(device_processes) and C(nvswitches) (from C(/proc) and C(/sys)), needs neither
+        the driver nor C(pynvml), and never fails for want of them. C(ansible_facts.nvidia) then holds only
+        those two keys.
+    type: bool
+    default: true
 attributes:
   check_mode:
     support: full
@@ -47,11 +60,29 @@ EXAMPLES = r"""
     that: ansible_facts.nvidia.gpus | map(attribute='name') | select('search', 'A100') | list | length
           == ansible_facts.nvidia.gpu_count
 
+- name: Before the driver exists, or while NVML reports a version mismatch, list the GPU users
+  gpu_facts:
+    nvml: false
+  become: true
+  register: gpu_host
+
+- name: Name the GPU workloads (the driver's own daemons left out)
+  ansible.builtin.debug:
+    msg: "{{ gpu_host.ansible_facts.nvidia.device_processes | rejectattr('driver_daemon')
+             | map(attribute='name') | list }}"
+
 # Ad hoc, from the project root:
 #   ansible -i inventories/lab gpu_nodes -m gpu_facts
 """
 
 RETURN = r"""
+nvml_venv:
+  description:
+    - The virtualenv in which the GPU modules look for C(pynvml) when the target's Python lacks it, where
+      the C(nvidia_driver) role installs C(nvidia-ml-py).
+  returned: always
+  type: str
+  sample: /opt/nvidia-ml-py
 ansible_facts:
   description: Facts under the key C(nvidia).
   returned: success
@@ -109,7 +140,9 @@ ansible_facts:
                 slowdown_c: {description: Temperature at which the GPU slows down., type: int, sample: 89}
                 shutdown_c: {description: Temperature at which the GPU shuts down., type: int, sample: 92}
                 gpu_max_c: {description: Maximum operating temperature., type: int, sample: 85}
-                target_c: {description: GPU target temperature (null if unsupported, as on A100)., type: int}
+                target_c:
+                  description: GPU target temperature (null if unsupported, as on A100).
+                  type: int
             ecc:
               description: ECC mode and error counters (volatile since the driver loaded, aggregate lifetime).
               type: dict
@@ -155,6 +188,56 @@ ansible_facts:
             error:
               description: Why this GPU could not be read (for example a lost GPU); null when it was read.
               type: str
+        device_processes:
+          description:
+            - Processes with a file descriptor open on C(/dev/nvidia*), from C(/proc) (works without NVML).
+              Other users' processes are seen only as root. The module's own process is left out.
+          returned: always
+          type: list
+          elements: dict
+          contains:
+            pid: {description: Process id., type: int, sample: 4242}
+            name:
+              description: Command name (C(/proc/PID/comm), at most 15 characters).
+              type: str
+              sample: python3
+            user:
+              description: Effective user (its uid as a string if it has no name; null if unreadable).
+              type: str
+              sample: root
+            devices:
+              description: The C(/dev/nvidia*) device files it holds, sorted.
+              type: list
+              elements: str
+              sample: ["/dev/nvidia0", "/dev/nvidia-uvm", "/dev/nvidiactl"]
+            driver_daemon:
+              description:
+                - Whether it is one of the driver's own daemons (C(nvidia-persistenced), C(nv-fabricmanager)),
+                  not a GPU workload.
+              type: bool
+        nvswitches:
+          description: Whether the node has NVSwitches (an HGX board, which needs fabric manager).
+          returned: always
+          type: dict
+          contains:
+            present:
+              description:
+                - True when the PCI bus has NVSwitches or NVML shows NVLinks to one. The PCI scan needs no
+                  driver and sees NVSwitches before their links are up.
+              type: bool
+            pci_devices:
+              description:
+                - PCI addresses of the NVSwitches, NVIDIA (vendor C(0x10de)) devices of class C(0x0680) under
+                  C(/sys/bus/pci/devices).
+              type: list
+              elements: str
+              sample: ["0000:07:00.0", "0000:08:00.0"]
+            nvml_links:
+              description:
+                - NVLinks NVML reports towards an NVSwitch, up or not, plus active links whose far end is no
+                  GPU of this node on drivers that report no far-end type; null with O(nvml=false).
+              type: int
+              sample: 96
         topology:
           description:
             - "C(topology[i][j]) as C(nvidia-smi topo -m) names it: C(X) on the diagonal, C(NV<n>) for n
@@ -165,13 +248,51 @@ ansible_facts:
           sample: [["X", "NV12", "SYS", "SYS"], ["NV12", "X", "SYS", "SYS"]]
 """
 
+import os
+from typing import Any
+
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.gpu_host import device_processes, nvswitch_pci_devices
 from ansible.module_utils.gpu_inventory import read_node, topology_matrix
-from ansible.module_utils.nvml_session import NvmlUnavailable, describe_error, nvml_session, require_pynvml
+from ansible.module_utils.nvml_session import (
+    NVML_VENV,
+    NvmlUnavailable,
+    describe_error,
+    nvml_session,
+    require_pynvml,
+)
+
+
+def nvml_switch_links(gpus: list[dict[str, Any]]) -> int:
+    """NVLinks whose far end is an NVSwitch, up or not (an HGX board's come up only once fabric manager
+    runs), and, for drivers that report no far-end type, active links to no GPU of this node."""
+    count = 0
+    for gpu in gpus:
+        for link in gpu["nvlinks"]:
+            remote_type = link["remote_device_type"]
+            untyped_to_no_gpu = link["active"] and link["remote_gpu_index"] is None and remote_type != "gpu"
+            if remote_type == "switch" or untyped_to_no_gpu:
+                count += 1
+    return count
+
+
+def nvswitch_facts(pci_devices: list[str], gpus: list[dict[str, Any]] | None) -> dict[str, Any]:
+    links = None if gpus is None else nvml_switch_links(gpus)
+    return {"present": bool(pci_devices) or bool(links), "pci_devices": pci_devices, "nvml_links": links}
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec={}, supports_check_mode=True)
+    module = AnsibleModule(
+        argument_spec={"nvml": {"type": "bool", "default": True}},
+        supports_check_mode=True,
+    )
+    # From /proc and /sys, before NVML opens any device, and whether or not NVML works.
+    holders = device_processes(exclude_pids={os.getpid()})
+    switches = nvswitch_pci_devices()
+    if not module.params["nvml"]:
+        facts: dict[str, Any] = {"device_processes": holders, "nvswitches": nvswitch_facts(switches, None)}
+        module.exit_json(changed=False, nvml_venv=NVML_VENV, ansible_facts={"nvidia": facts})
+
     nvml = require_pynvml(module)
     try:
         with nvml_session(nvml):
@@ -188,7 +309,9 @@ def main() -> None:
     facts = dict(node.system)
     facts["gpus"] = [gpu.facts for gpu in node.gpus]
     facts["topology"] = topology
-    module.exit_json(changed=False, ansible_facts={"nvidia": facts})
+    facts["device_processes"] = holders
+    facts["nvswitches"] = nvswitch_facts(switches, facts["gpus"])
+    module.exit_json(changed=False, nvml_venv=NVML_VENV, ansible_facts={"nvidia": facts})
 
 
 if __name__ == "__main__":

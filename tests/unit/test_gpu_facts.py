@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import gpu_facts
 import pytest
+from ansible.module_utils import gpu_host
 from conftest import FakeNode, run_module
+from test_gpu_host import add_pci, add_process
 
 GPU_KEYS = {
     "index",
@@ -22,6 +26,17 @@ GPU_KEYS = {
     "retired_pages",
     "nvlinks",
 }
+
+
+@pytest.fixture(autouse=True)
+def host_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """Empty fake /proc and /sys/bus/pci/devices for every test; tests add processes and devices."""
+    proc, pci = tmp_path / "proc", tmp_path / "pci-devices"
+    proc.mkdir()
+    pci.mkdir()
+    monkeypatch.setattr(gpu_host, "PROC_ROOT", str(proc))
+    monkeypatch.setattr(gpu_host, "PCI_DEVICES_DIR", str(pci))
+    return proc, pci
 
 
 def facts() -> dict[str, Any]:
@@ -215,3 +230,56 @@ def test_nvml_start_failures_are_explained(pcie_node: FakeNode, fault: str, expe
     assert expected in result["msg"]
     if fault == "mismatch":
         assert "reboot" in result["msg"] and "modprobe" in result["msg"]
+
+
+def test_gpu_users_and_nvswitches_next_to_the_nvml_facts(
+    pcie_node: FakeNode, host_tree: tuple[Path, Path]
+) -> None:
+    proc, pci = host_tree
+    add_process(proc, 300, "vllm", {4: "/dev/nvidia0", 5: "/dev/nvidiactl"})
+    add_process(proc, 12, "nvidia-persiste", {3: "/dev/nvidiactl"})
+    nvidia = facts()
+    assert nvidia["driver_version"] == "535.183.06"
+    assert [(p["pid"], p["name"], p["driver_daemon"]) for p in nvidia["device_processes"]] == [
+        (12, "nvidia-persiste", True),
+        (300, "vllm", False),
+    ]
+    # PCIe cards with NVLink bridges: no NVSwitch anywhere
+    assert nvidia["nvswitches"] == {"present": False, "pci_devices": [], "nvml_links": 0}
+    add_pci(pci, "0000:c4:00.0", "0x10de", "0x068000")
+    assert facts()["nvswitches"] == {"present": True, "pci_devices": ["0000:c4:00.0"], "nvml_links": 0}
+
+
+def test_hgx_nvswitches_seen_through_nvml_links_up_or_down(hgx_node: FakeNode) -> None:
+    assert facts()["nvswitches"] == {"present": True, "pci_devices": [], "nvml_links": 96}
+
+    def all_down(state: dict[str, Any]) -> None:
+        for gpu in state["gpus"]:
+            for link in gpu["nvlinks"]:
+                link["active"] = False
+
+    hgx_node.edit(all_down)  # before fabric manager runs
+    assert facts()["nvswitches"]["present"] is True
+
+
+@pytest.mark.parametrize("fault", ["no_library", "mismatch", "no_pynvml"])
+def test_nvml_false_needs_no_working_nvml(
+    pcie_node: FakeNode, host_tree: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch, fault: str
+) -> None:
+    proc, pci = host_tree
+    add_process(proc, 77, "python3", {4: "/dev/nvidia-uvm"})
+    add_pci(pci, "0000:07:00.0", "0x10de", "0x068000")
+    if fault == "no_library":
+        pcie_node.remove_library()
+    elif fault == "mismatch":
+        pcie_node.ctl("kernel-version", "550.54.15")
+    else:
+        monkeypatch.setitem(sys.modules, "pynvml", None)
+    assert run_module(gpu_facts)[0], "with nvml (the default) the module still fails"
+    failed, result = run_module(gpu_facts, {"nvml": False})
+    assert not failed and result["changed"] is False
+    assert result["nvml_venv"] == "/opt/nvidia-ml-py"
+    nvidia = result["ansible_facts"]["nvidia"]
+    assert set(nvidia) == {"device_processes", "nvswitches"}
+    assert [p["pid"] for p in nvidia["device_processes"]] == [77]
+    assert nvidia["nvswitches"] == {"present": True, "pci_devices": ["0000:07:00.0"], "nvml_links": None}
