@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
-from gwtest import BackgroundLoop, Gateway, Sim, gateway_config
+from gwtest import BackgroundLoop, Gateway, Scripted, Sim, gateway_config
 from hypothesis import settings
 from vllm_sim.engine import SimConfig
 
@@ -37,6 +37,20 @@ def make_sim(bg: BackgroundLoop) -> Iterator[Callable[..., Sim]]:
     yield make
     for sim in sims:
         sim.stop()
+
+
+@pytest.fixture
+def make_scripted(bg: BackgroundLoop) -> Iterator[Callable[..., Scripted]]:
+    servers: list[Scripted] = []
+
+    def make(body: bytes, content_type: bytes = b"application/json") -> Scripted:
+        server = Scripted(bg, body, content_type)
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.stop()
 
 
 @pytest.fixture

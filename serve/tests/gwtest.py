@@ -79,6 +79,54 @@ class Sim:
         self.sock.close()
 
 
+class Scripted:
+    """An upstream that answers every POST with a fixed body: shapes the simulator does not make."""
+
+    def __init__(self, bg: BackgroundLoop, body: bytes, content_type: bytes = b"application/json") -> None:
+        self.body = body
+        self.content_type = content_type
+        self.requests = 0
+
+        async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            if scope["type"] != "http":
+                return
+            while (await receive()).get("more_body"):
+                pass
+            if scope["method"] == "POST":
+                self.requests += 1
+            headers = [(b"content-type", self.content_type)]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send(
+                {"type": "http.response.body", "body": self.body if scope["method"] == "POST" else b""}
+            )
+
+        self.bg = bg
+        self.sock = bind("127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, lifespan="off", http="httptools", access_log=False, log_level="warning")
+        )
+
+        async def start() -> None:
+            self.task = asyncio.create_task(self.server.serve(sockets=[self.sock]))
+            while not self.server.started:
+                await asyncio.sleep(0.005)
+
+        bg.run(start())
+
+    def stop(self) -> None:
+        async def stop() -> None:
+            self.server.should_exit = True
+            await self.task
+
+        self.bg.run(stop())
+        self.sock.close()
+
+
+def sse(*events: dict[str, Any]) -> bytes:
+    return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+
+
 class Gateway:
     """An llm-gateway served on the background loop."""
 

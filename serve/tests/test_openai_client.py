@@ -50,6 +50,9 @@ def test_stream_without_usage_request_has_no_usage_chunk(setup: tuple[Any, Any])
         model="m", messages=[{"role": "user", "content": "hi"}], stream=True
     )
     chunks = list(stream)
+    # the answer came whole and ended (an empty stream would pass the two checks below)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hello, world!"
+    assert chunks and chunks[-1].choices[0].finish_reason == "stop"
     assert all(c.usage is None for c in chunks)
     assert all(c.choices for c in chunks)
 

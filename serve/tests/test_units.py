@@ -136,11 +136,22 @@ def test_breaker_cycle() -> None:
 
 
 def test_overload_neither_opens_nor_closes() -> None:
-    breaker = CircuitBreaker(failures_to_open=1, open_s=10, clock=Clock())
-    for _ in range(10):
-        breaker.acquire()
+    clock = Clock()
+    breaker = CircuitBreaker(failures_to_open=1, open_s=10, clock=clock)
+    for _ in range(10):  # closed stays closed, however many
+        assert breaker.acquire()
         breaker.record_neutral()
     assert breaker.state is BreakerState.CLOSED
+    breaker.record_failure("down")
+    breaker.record_neutral()  # open stays open
+    assert breaker.state is BreakerState.OPEN and not breaker.acquire()
+    clock.now = 10
+    for _ in range(3):  # half-open stays half-open, and the trial slot is given back
+        assert breaker.acquire() and not breaker.acquire()
+        breaker.record_neutral()
+        assert breaker.state is BreakerState.HALF_OPEN
+    breaker.record_failure("still down")  # a neutral answer did not reset the clock either
+    assert breaker.state is BreakerState.OPEN
 
 
 # --- routing ------------------------------------------------------------------------------
