@@ -358,7 +358,7 @@ def main() -> None:
             workers=p["workers"],
             cache_path=p["cache_path"],
         )
-        outcome = admission.run()
+        outcome = admission.run_gates()
     except AdmissionError as exc:
         module.fail_json(msg=str(exc), admitted=False)
     result: dict[str, Any] = {
