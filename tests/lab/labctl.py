@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 REPO = Path(__file__).resolve().parents[2]
 LAB_SRC = REPO / "tests" / "lab"
 STATE = Path(os.environ.get("LAB_STATE_DIR", REPO / ".lab"))
@@ -77,7 +79,7 @@ def digest(paths: list[Path], extra: str = "") -> str:
 
 
 def image_inputs_hash() -> str:
-    return digest([LAB_SRC / "image" / "build_image.sh"])
+    return digest([LAB_SRC / "image" / "build_image.sh", *sorted((LAB_SRC / "image" / "kernel").iterdir())])
 
 
 def image_label(name: str) -> str | None:
@@ -127,7 +129,8 @@ def ensure_network() -> None:
 
 def mirror_inputs() -> list[Path]:
     files = [p for p in (LAB_SRC / "mirror").rglob("*") if p.is_file() and "__pycache__" not in p.parts]
-    return [*files, LAB_SRC / "fake_nvml" / "pynvml.py"]
+    # the model tools' pinned wheels are served by the mirror's PEP 503 index
+    return [*files, LAB_SRC / "fake_nvml" / "pynvml.py", REPO / "module_utils" / "model_tools.py"]
 
 
 def ensure_mirror_content() -> None:
@@ -281,6 +284,37 @@ def install_fake_gpus(node: Node) -> None:
         log(f"{node.name}: simulated GPUs initialised ({GPU_SHAPE})")
 
 
+def carry_in_models() -> None:
+    """What an operator does for the model stage: carry the weights the lab inventory lists
+    (model_sync_models) into the source node's inbox, with the publisher's listing, and give the
+    node the lab's ClamAV database (EICAR signature). The models are tests/modelgen's tiny
+    Qwen2-shaped model; each model version is generated from its version string."""
+    lab_vars = yaml.safe_load((REPO / "inventories" / "lab" / "group_vars" / "all.yml").read_text())
+    source = lab_vars["model_sync_source_node"]
+    sys.path.insert(0, str(REPO / "tests"))
+    import modelgen
+
+    database = lab_vars["model_sync_clamav_database"]
+    if podman("exec", source, "test", "-d", database, check=False).returncode != 0:
+        local = modelgen.write_eicar_database(STATE / "clamav")
+        podman("exec", source, "mkdir", "-p", str(Path(database).parent))
+        podman("cp", str(local), f"{source}:{database}")
+        log(f"{source}: lab ClamAV database (EICAR signature) in {database}")
+    for model in lab_vars.get("model_sync_models") or []:
+        if podman("exec", source, "test", "-d", model["source"], check=False).returncode == 0:
+            continue
+        local = STATE / "models" / model["name"] / model["version"]
+        listing = local.with_name(local.name + ".publisher.json")
+        subprocess.run(["rm", "-rf", str(local)], check=True)
+        modelgen.write_good_model(local, model["version"])
+        modelgen.write_publisher_manifest(listing, "hf_json", model["version"])
+        parents = {str(Path(model[key]).parent) for key in ("source", "publisher_manifest")}
+        podman("exec", source, "mkdir", "-p", *sorted(parents))
+        podman("cp", str(listing), f"{source}:{model['publisher_manifest']}")
+        podman("cp", str(local), f"{source}:{model['source']}")
+        log(f"{source}: carried model {model['name']} {model['version']} into {model['source']}")
+
+
 def wait_for_ssh(node: Node, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     last = ""
@@ -343,6 +377,7 @@ def cmd_up(_: argparse.Namespace) -> None:
         wait_for_systemd(node)
         install_fake_gpus(node)
         wait_for_ssh(node)
+    carry_in_models()
     log(
         f"up in {time.monotonic() - started:.0f}s: "
         + ", ".join(f"{n.name} (ssh 127.0.0.1:{n.ssh_port})" for n in NODES)

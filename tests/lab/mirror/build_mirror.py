@@ -25,6 +25,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import model_tool_wheels  # beside this file: the model tools' real wheels for the pypi index
 import yaml
 
 HERE = Path(__file__).resolve().parent
@@ -35,7 +36,9 @@ GPG_UID = "LLM Lab Mirror (stand-in vendor archive key) <lab-mirror@llm-lab.inva
 REPO_PATHS = {
     "cuda": "cuda/ubuntu2204/x86_64",
     "ubuntu-restricted": "ubuntu-restricted",
-    "kubernetes": "kubernetes/v1.29/deb",
+    "kubernetes": "kubernetes/v1.36/deb",
+    "docker": "docker/linux/ubuntu",
+    "libnvidia-container": "libnvidia-container/stable/deb/amd64",
 }
 
 
@@ -49,6 +52,8 @@ class Package:
     provides: list[str] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
     files: dict[str, tuple[str, int]] = field(default_factory=dict)  # path -> (content, mode)
+    binary_files: dict[str, tuple[Path, int]] = field(default_factory=dict)  # path -> (source, mode)
+    conffiles: list[str] = field(default_factory=list)
     postinst: str = ""
     prerm: str = ""
     architecture: str = "amd64"
@@ -140,7 +145,94 @@ def driver_packages(branch: str, upstream: str, flavour: str) -> list[Package]:
     return packages
 
 
-def all_packages(spec: dict) -> list[Package]:
+def debian_deb(name: str, version: str, suite: str, cache: Path) -> Path:
+    """A real Debian package, downloaded once with apt-get (private sources list) and cached."""
+    deb = cache / f"{name}_{version}_amd64.deb".replace(":", "%3a")
+    if deb.is_file():
+        return deb
+    apt_dir = cache / "apt"
+    for sub in ("lists/partial", "archives/partial"):
+        (apt_dir / sub).mkdir(parents=True, exist_ok=True)
+    sources = apt_dir / "sources.list"
+    sources.write_text(f"deb http://deb.debian.org/debian {suite} main\n")
+    options = [
+        "-o", f"Dir::Etc::sourcelist={sources}", "-o", "Dir::Etc::sourceparts=-",
+        "-o", f"Dir::State::Lists={apt_dir / 'lists'}", "-o", f"Dir::Cache::Archives={apt_dir / 'archives'}",
+        "-o", f"Dir::Cache={apt_dir}", "-o", "Debug::NoLocking=1",
+    ]  # fmt: skip
+    print(f"lab-mirror: downloading Debian {suite}'s {name} {version} (once; cached in {cache})")
+    subprocess.run(["apt-get", *options, "-qq", "update"], check=True)
+    download = subprocess.run(
+        ["apt-get", *options, "-qq", "download", f"{name}={version}"],
+        cwd=cache,
+        capture_output=True,
+        text=True,
+    )
+    if download.returncode != 0 or not deb.is_file():
+        raise SystemExit(
+            f"build_mirror: could not download {name}={version} from Debian {suite}:"
+            f" {download.stderr.strip()} (a newer upload replaced it? set the version Debian"
+            " carries in packages.yml)"
+        )
+    return deb
+
+
+def containerd_io_package(spec: dict, cache: Path) -> Package:
+    """Docker's containerd.io, carrying the REAL containerd binaries of a Debian package."""
+    source = spec["debian"]
+    deb = debian_deb("containerd", source["version"], source["suite"], cache)
+    tree = cache / f"containerd_{source['version']}"
+    if not (tree / "usr/bin/containerd").is_file():
+        shutil.rmtree(tree, ignore_errors=True)
+        subprocess.run(["dpkg-deb", "-x", str(deb), str(tree)], check=True)
+    binaries = {
+        f"/usr/bin/{name}": (tree / "usr/bin" / name, 0o755)
+        for name in ("containerd", "containerd-shim-runc-v2", "ctr")
+    }
+    units = ("lib/systemd/system/containerd.service", "usr/lib/systemd/system/containerd.service")
+    unit = next(tree / path for path in units if (tree / path).is_file())
+    binaries["/lib/systemd/system/containerd.service"] = (unit, 0o644)
+    return Package(
+        name="containerd.io",
+        version=spec["version"],
+        repo="docker",
+        summary=f"containerd runtime (the real binaries of Debian's containerd {source['version']})",
+        # Docker's package bundles runc; the stand-in uses the image's Debian runc instead.
+        depends=["runc"],
+        provides=["containerd"],
+        conflicts=["containerd"],
+        binary_files=binaries,
+        # Docker's package ships this file, which disables the CRI plugin Kubernetes needs.
+        files={"/etc/containerd/config.toml": (payload("containerd-config.toml"), 0o644)},
+        conffiles=["/etc/containerd/config.toml"],
+        postinst=(
+            "if [ -d /run/systemd/system ]; then\n"
+            "  systemctl daemon-reload\n  systemctl enable containerd.service >/dev/null 2>&1 || true\n"
+            "  systemctl restart containerd.service || true\nfi\n"
+        ),
+    )
+
+
+def container_toolkit_packages(version: str, repo: str) -> list[Package]:
+    return [
+        Package(
+            name="nvidia-container-toolkit-base",
+            version=version,
+            repo=repo,
+            summary="NVIDIA Container Toolkit base",
+            files={"/usr/bin/nvidia-ctk": (payload("nvidia-ctk", version=version.split("-")[0]), 0o755)},
+        ),
+        Package(
+            name="nvidia-container-toolkit",
+            version=version,
+            repo=repo,
+            summary="NVIDIA Container toolkit",
+            depends=[f"nvidia-container-toolkit-base (= {version})"],
+        ),
+    ]
+
+
+def all_packages(spec: dict, cache: Path) -> list[Package]:
     packages: list[Package] = []
     newest_branch = max(spec["driver_branches"], key=lambda b: [int(x) for x in b["upstream"].split(".")])
     for release in spec["driver_branches"]:
@@ -193,25 +285,10 @@ def all_packages(spec: dict) -> list[Package]:
             ],
         )
     )
-    ctk = spec["container_toolkit"]["version"]
-    packages.append(
-        Package(
-            name="nvidia-container-toolkit-base",
-            version=ctk,
-            repo="cuda",
-            summary="NVIDIA Container Toolkit base",
-            files={"/usr/bin/nvidia-ctk": (payload("nvidia-ctk", version=ctk.split("-")[0]), 0o755)},
-        )
-    )
-    packages.append(
-        Package(
-            name="nvidia-container-toolkit",
-            version=ctk,
-            repo="cuda",
-            summary="NVIDIA Container toolkit",
-            depends=[f"nvidia-container-toolkit-base (= {ctk})"],
-        )
-    )
+    packages += container_toolkit_packages(spec["container_toolkit"]["version"], "cuda")
+    for version in spec["libnvidia_container"]["versions"]:
+        packages += container_toolkit_packages(version, "libnvidia-container")
+    packages.append(containerd_io_package(spec["containerd_io"], cache))
     k8s = spec["kubernetes"]
     packages.append(Package(name="cri-tools", version=k8s["cri_tools"], repo="kubernetes", summary="crictl"))
     packages.append(
@@ -228,7 +305,8 @@ def all_packages(spec: dict) -> list[Package]:
                 files["/lib/systemd/system/kubelet.service"] = (payload("kubelet.service"), 0o644)
                 depends = ["kubernetes-cni (>= 1.2.0)"]
             if tool == "kubeadm":
-                depends = ["kubelet (>= 1.29.0)", "kubectl (>= 1.29.0)", "cri-tools (>= 1.29.0)"]
+                minor = ".".join(version.split(".")[:2])
+                depends = [f"kubelet (>= {minor}.0)", f"kubectl (>= {minor}.0)", f"cri-tools (>= {minor}.0)"]
             packages.append(
                 Package(
                     name=tool,
@@ -279,6 +357,13 @@ def build_deb(pkg: Package, out_dir: Path, scratch: Path) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(content)
         target.chmod(mode)
+    for path, (source, mode) in pkg.binary_files.items():
+        target = root / path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)
+        target.chmod(mode)
+    if pkg.conffiles:
+        (root / "DEBIAN" / "conffiles").write_text("".join(f"{path}\n" for path in pkg.conffiles))
     deb = out_dir / f"{pkg.name}_{pkg.version}_{pkg.architecture}.deb"
     subprocess.run(
         ["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(root), str(deb)],
@@ -399,7 +484,7 @@ def build(output: Path, gnupg_home: Path) -> None:
     staging = Path(tempfile.mkdtemp(prefix="llm-lab-mirror."))
     try:
         tree = staging / "tree"
-        packages = all_packages(spec)
+        packages = all_packages(spec, gnupg_home.parent / "cache")
         for rel in REPO_PATHS.values():
             (tree / rel).mkdir(parents=True)
         with tempfile.TemporaryDirectory() as scratch:
@@ -428,6 +513,7 @@ def build(output: Path, gnupg_home: Path) -> None:
             runfile.chmod(0o755)
         (tree / "pypi").mkdir()
         write_simple_index(tree / "pypi", "nvidia-ml-py", build_wheel(spec["pypi"]["nvidia-ml-py"], staging))
+        model_tool_wheels.add_to_index(tree / "pypi", gnupg_home.parent / "cache" / "wheels")
         # Swap in whole so a running mirror never serves a half-written tree for long.
         if output.exists():
             old = output.with_name(output.name + ".old")
