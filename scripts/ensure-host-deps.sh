@@ -18,6 +18,8 @@ declare -A needs=(
   [iptables]=iptables
   [aardvark-dns]=aardvark-dns
   [make]=make
+  # model_admission's ClamAV gate (unit tests scan with a database they build)
+  [clamscan]=clamav
 )
 missing=()
 for cmd in "${!needs[@]}"; do
