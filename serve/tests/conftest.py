@@ -28,9 +28,9 @@ def bg() -> Iterator[BackgroundLoop]:
 def make_sim(bg: BackgroundLoop) -> Iterator[Callable[..., Sim]]:
     sims: list[Sim] = []
 
-    def make(**settings: Any) -> Sim:
+    def make(tls: tuple[Path, Path] | None = None, **settings: Any) -> Sim:
         settings.setdefault("served_models", ["m"])
-        sim = Sim(bg, SimConfig(**settings))
+        sim = Sim(bg, SimConfig(**settings), tls)
         sims.append(sim)
         return sim
 

@@ -47,15 +47,23 @@ class BackgroundLoop:
 class Sim:
     """A vllm-sim served on the background loop."""
 
-    def __init__(self, bg: BackgroundLoop, config: SimConfig) -> None:
+    def __init__(self, bg: BackgroundLoop, config: SimConfig, tls: tuple[Path, Path] | None = None) -> None:
+        """`tls`: (certificate chain, key) PEM files to serve https."""
         self.bg = bg
         self.app = SimApp(config)
         self.sock = bind("127.0.0.1", 0)
         self.port = self.sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(
-            uvicorn.Config(self.app, lifespan="off", http="httptools", access_log=False, log_level="warning")
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
+        uconfig = uvicorn.Config(
+            self.app,
+            lifespan="off",
+            http="httptools",
+            access_log=False,
+            log_level="warning",
+            ssl_certfile=tls[0] if tls else None,
+            ssl_keyfile=tls[1] if tls else None,
         )
+        self.server = uvicorn.Server(uconfig)
 
         async def start() -> None:
             self.task = asyncio.create_task(self.server.serve(sockets=[self.sock]))

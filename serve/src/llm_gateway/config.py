@@ -51,13 +51,17 @@ class UpstreamConfig(_Section):
     served_model: str = Field(min_length=1)
     weight: int = Field(1, ge=0, le=10_000)
     max_connections: int = Field(256, ge=1, le=10_000)
+    # https:// upstreams: the server's certificate is verified against this CA bundle (PEM),
+    # or the system's trust store without one. tls_verify: false turns verification off.
+    ca_file: Path | None = None
+    tls_verify: bool = True
 
     @field_validator("url")
     @classmethod
     def _http_url(cls, value: str) -> str:
         parts = urlsplit(value)
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError("must be an http:// URL with a host (TLS terminates in front of vLLM's pod)")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http:// or https:// URL with a host")
         if parts.path not in ("", "/") or parts.query or parts.fragment:
             raise ValueError("must be a base URL without path, query or fragment")
         try:
@@ -72,7 +76,18 @@ class UpstreamConfig(_Section):
 
     @property
     def port(self) -> int:
-        return urlsplit(self.url).port or 80
+        parts = urlsplit(self.url)
+        return parts.port or (443 if parts.scheme == "https" else 80)
+
+    @property
+    def tls(self) -> bool:
+        return self.url.startswith("https://")
+
+    @model_validator(mode="after")
+    def _tls_settings(self) -> UpstreamConfig:
+        if not self.tls and (self.ca_file is not None or not self.tls_verify):
+            raise ValueError("ca_file and tls_verify apply to https:// upstreams only")
+        return self
 
 
 class ModelConfig(_Section):
@@ -221,9 +236,22 @@ def _resolve_paths(config: GatewayConfig, base_dir: Path | None) -> GatewayConfi
         if not path.is_file():
             raise ConfigError(f"auth.jwks_file: {path} is not a readable file")
         auth = auth.model_copy(update={"jwks_file": path})
+    models = {}
+    for model_name, model in config.models.items():
+        upstreams = []
+        for i, upstream in enumerate(model.upstreams):
+            if upstream.ca_file is not None:
+                path = upstream.ca_file if upstream.ca_file.is_absolute() else base / upstream.ca_file
+                if not path.is_file():
+                    raise ConfigError(
+                        f"models.{model_name}.upstreams.{i}.ca_file: {path} is not a readable file"
+                    )
+                upstream = upstream.model_copy(update={"ca_file": path})
+            upstreams.append(upstream)
+        models[model_name] = model.model_copy(update={"upstreams": upstreams})
     if auth.mode == "jwt" and auth.hs256_secret_env is not None and not os.environ.get(auth.hs256_secret_env):
         raise ConfigError(f"auth.hs256_secret_env: environment variable {auth.hs256_secret_env} is not set")
-    return config.model_copy(update={"safety": safety, "auth": auth})
+    return config.model_copy(update={"safety": safety, "auth": auth, "models": models})
 
 
 def load_config(path: str | Path) -> GatewayConfig:

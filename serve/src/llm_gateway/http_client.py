@@ -11,6 +11,7 @@ generating for a client that went away.
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -257,9 +258,11 @@ class ConnectionPool:
         max_connections: int = 256,
         max_idle: int = 64,
         idle_timeout_s: float = 4.0,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.host = host
         self.port = port
+        self.tls = tls
         self.max_connections = max_connections
         self._max_idle = max_idle
         # Below the 5 s keep-alive of uvicorn (which vLLM runs on), so we rarely reuse a socket
@@ -321,7 +324,13 @@ class ConnectionPool:
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
         try:
-            _, conn = await loop.create_connection(_Connection, self.host, self.port)
+            _, conn = await loop.create_connection(
+                _Connection,
+                self.host,
+                self.port,
+                ssl=self.tls,
+                server_hostname=self.host if self.tls else None,
+            )
         except OSError as exc:
             raise UpstreamConnectError(f"cannot connect to {self.host}:{self.port}: {exc}") from exc
         return conn

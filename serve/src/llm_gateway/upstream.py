@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import ssl
 import time
 from typing import Any
 
@@ -44,12 +45,26 @@ def parse_vllm_figures(text: str) -> dict[str, float]:
     return figures
 
 
+def tls_context(config: UpstreamConfig) -> ssl.SSLContext | None:
+    """For an https:// upstream: verify its certificate (CA bundle or system store) and name."""
+    if not config.tls:
+        return None
+    context = ssl.create_default_context(cafile=str(config.ca_file) if config.ca_file else None)
+    if not config.tls_verify:
+        log.warning("upstream %s: TLS certificate verification is off", config.name)
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context
+
+
 class Upstream:
     def __init__(self, model: str, config: UpstreamConfig, breaker: BreakerConfig) -> None:
         self.model = model
         self.config = config
         self.breaker = CircuitBreaker(breaker.failures_to_open, breaker.open_s)
-        self.pool = ConnectionPool(config.host, config.port, max_connections=config.max_connections)
+        self.pool = ConnectionPool(
+            config.host, config.port, max_connections=config.max_connections, tls=tls_context(config)
+        )
         self.in_flight = 0
         self.last_probe: dict[str, Any] | None = None
         self._probe_task: asyncio.Task[None] | None = None
@@ -68,11 +83,10 @@ class Upstream:
         return self.config.served_model
 
     def same_endpoint(self, config: UpstreamConfig) -> bool:
-        return (config.name, config.url, config.max_connections) == (
-            self.config.name,
-            self.config.url,
-            self.config.max_connections,
-        )
+        def endpoint(c: UpstreamConfig) -> tuple[object, ...]:
+            return (c.name, c.url, c.max_connections, c.ca_file, c.tls_verify)
+
+        return endpoint(config) == endpoint(self.config)
 
     def update(self, config: UpstreamConfig, breaker: BreakerConfig) -> None:
         """Take new weight/served model/breaker settings, keeping connections and breaker state."""
