@@ -111,102 +111,18 @@ msg:
   sample: "power_limit_w 250 -> 200 W on GPUs 0, 1, 2, 3"
 """
 
-from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpu_inventory import normalise_bus_id, temperature_threshold, watts
+from ansible.module_utils.gpu_settings_core import SETTINGS, GpuState, apply, read_gpu, summarise, unit
 from ansible.module_utils.nvml_session import (
     NvmlUnavailable,
     describe_error,
     is_unsupported,
     nvml_session,
-    optional,
     require_pynvml,
 )
-
-SETTINGS = ("power_limit_w", "persistence_mode", "target_temperature_c")
-
-
-@dataclass
-class GpuState:
-    index: int
-    handle: Any
-    uuid: str
-    pci_bus_id: str | None
-    current: dict[str, Any]
-    ranges: dict[str, tuple[Any, Any] | None]
-    desired: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def label(self) -> str:
-        return f"GPU {self.index} ({self.pci_bus_id})"
-
-    def changes(self) -> dict[str, tuple[Any, Any]]:
-        return {
-            name: (self.current[name], value)
-            for name, value in self.desired.items()
-            if self.current[name] != value
-        }
-
-
-def read_gpu(nvml: ModuleType, index: int) -> GpuState:
-    handle = nvml.nvmlDeviceGetHandleByIndex(index)
-    constraints = optional(nvml, "nvmlDeviceGetPowerManagementLimitConstraints", handle)
-    persistence = optional(nvml, "nvmlDeviceGetPersistenceMode", handle)
-
-    target_min = temperature_threshold(nvml, handle, "NVML_TEMPERATURE_THRESHOLD_ACOUSTIC_MIN")
-    target_max = temperature_threshold(nvml, handle, "NVML_TEMPERATURE_THRESHOLD_ACOUSTIC_MAX")
-    return GpuState(
-        index=index,
-        handle=handle,
-        uuid=nvml.nvmlDeviceGetUUID(handle),
-        pci_bus_id=normalise_bus_id(nvml.nvmlDeviceGetPciInfo(handle).busId),
-        current={
-            "power_limit_w": watts(optional(nvml, "nvmlDeviceGetPowerManagementLimit", handle)),
-            "persistence_mode": None if persistence is None else bool(persistence),
-            "target_temperature_c": temperature_threshold(
-                nvml, handle, "NVML_TEMPERATURE_THRESHOLD_ACOUSTIC_CURR"
-            ),
-        },
-        ranges={
-            "power_limit_w": None if constraints is None else (watts(constraints[0]), watts(constraints[1])),
-            "persistence_mode": None,
-            "target_temperature_c": None
-            if target_min is None or target_max is None
-            else (target_min, target_max),
-        },
-    )
-
-
-def apply(nvml: ModuleType, gpu: GpuState, name: str, value: Any) -> None:
-    if name == "power_limit_w":
-        nvml.nvmlDeviceSetPowerManagementLimit(gpu.handle, int(value) * 1000)
-    elif name == "persistence_mode":
-        mode = nvml.NVML_FEATURE_ENABLED if value else nvml.NVML_FEATURE_DISABLED
-        nvml.nvmlDeviceSetPersistenceMode(gpu.handle, mode)
-    else:
-        nvml.nvmlDeviceSetTemperatureThreshold(
-            gpu.handle, nvml.NVML_TEMPERATURE_THRESHOLD_ACOUSTIC_CURR, value
-        )
-
-
-def _unit(name: str) -> str:
-    return {"power_limit_w": " W", "target_temperature_c": " C"}.get(name, "")
-
-
-def summarise(gpus: list[GpuState], applied: dict[int, dict[str, tuple[Any, Any]]]) -> str:
-    by_change: dict[str, list[str]] = {}
-    for gpu in gpus:
-        for name, (before, after) in applied.get(gpu.index, {}).items():
-            key = f"{name} {before} -> {after}{_unit(name)}"
-            by_change.setdefault(key, []).append(str(gpu.index))
-    if not by_change:
-        return "all requested settings already in place"
-    return "; ".join(
-        f"{change} on GPU{'s' if len(idx) > 1 else ''} {', '.join(idx)}" for change, idx in by_change.items()
-    )
 
 
 def run(module: AnsibleModule, nvml: ModuleType) -> dict[str, Any]:
@@ -241,8 +157,8 @@ def run(module: AnsibleModule, nvml: ModuleType) -> dict[str, Any]:
             allowed = gpu.ranges[name]
             if allowed is not None and not allowed[0] <= value <= allowed[1]:
                 problems.append(
-                    f"{gpu.label}: {name} {value}{_unit(name)} is outside the allowed range "
-                    f"{allowed[0]}-{allowed[1]}{_unit(name)}"
+                    f"{gpu.label}: {name} {value}{unit(name)} is outside the allowed range "
+                    f"{allowed[0]}-{allowed[1]}{unit(name)}"
                 )
                 continue
             gpu.desired[name] = value
