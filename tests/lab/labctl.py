@@ -130,7 +130,8 @@ def ensure_network() -> None:
 def mirror_inputs() -> list[Path]:
     files = [p for p in (LAB_SRC / "mirror").rglob("*") if p.is_file() and "__pycache__" not in p.parts]
     # the model tools' pinned wheels are served by the mirror's PEP 503 index
-    return [*files, LAB_SRC / "fake_nvml" / "pynvml.py", REPO / "module_utils" / "model_tools.py"]
+    kube = sorted((LAB_SRC / "kube").rglob("*.py"))  # the kubeadm/kubelet packages carry kube_standin
+    return [*files, LAB_SRC / "fake_nvml" / "pynvml.py", REPO / "module_utils" / "model_tools.py", *kube]
 
 
 def ensure_mirror_content() -> None:

@@ -22,7 +22,9 @@ packages=(
   python3 python3-venv python3-apt python3-debian
   kmod iproute2 iputils-ping procps less jq rsync curl ca-certificates gnupg
   chrony initramfs-tools unattended-upgrades lsb-release cron ethtool
-  runc
+  runc ipvsadm ipset conntrack
+  python3-yaml ipvsadm ipset conntrack
+  openssh-client clamav clamav-freshclam
 )
 echo "lab-image: debootstrap bookworm from $mirror (about a minute)"
 debootstrap --variant=minbase --include="$(IFS=,; echo "${packages[*]}")" \
@@ -50,10 +52,12 @@ ExecStartPre=/usr/bin/ssh-keygen -A
 ExecStartPre=/usr/sbin/sshd -t
 UNIT
 chroot "$root" systemctl enable ssh.service >/dev/null 2>&1
-# Units that cannot work in a container, masked so systemd reaches "running".
+# Units that cannot work in a container, masked so systemd reaches "running" (freshclam: no
+# ClamAV mirror in reach; labctl installs the lab's own signature database, docs/lab.md).
 for unit in systemd-udevd.service systemd-udevd-control.socket systemd-udevd-kernel.socket \
   systemd-modules-load.service sys-kernel-config.mount systemd-remount-fs.service \
-  getty@tty1.service console-getty.service systemd-logind.service; do
+  getty@tty1.service console-getty.service systemd-logind.service \
+  clamav-freshclam.service; do
   chroot "$root" systemctl mask "$unit" >/dev/null 2>&1 || true
 done
 # Kernel stand-ins (docs/lab.md): this machine's kernel has no loadable modules and
@@ -66,6 +70,10 @@ install -D -m 0644 "$kernel/modules.available" "$root/usr/local/lib/lab-kmod/mod
 install -m 0644 "$kernel/lab_proc_modules.py" "$kernel/lab-proc-modules.pth" "$root/usr/lib/python3/dist-packages/"
 install -m 0644 "$kernel/lab-modules-load.service" "$root/etc/systemd/system/"
 chroot "$root" systemctl enable lab-modules-load.service >/dev/null 2>&1
+# No ip_vs in this kernel: Debian's ipvsadm is diverted and the stand-in lists the table the
+# lab's kube-proxy stand-in writes (it execs the real one where /proc/net/ip_vs exists).
+chroot "$root" dpkg-divert --local --rename --divert /sbin/ipvsadm.distrib --add /sbin/ipvsadm >/dev/null
+install -m 0755 "$kernel/ipvsadm" "$root/sbin/ipvsadm"
 # The bootstrap user, like the cloud image's default user on the real servers.
 chroot "$root" useradd --create-home --shell /bin/bash labadmin
 chroot "$root" passwd --lock labadmin >/dev/null
