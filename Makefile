@@ -24,12 +24,12 @@ deps: ## install the host's Debian packages (podman, runc, debootstrap, ...) if 
 
 venv: $(VENV)/.installed ## the pinned Python toolchain in .venv
 
-$(VENV)/.installed: pyproject.toml $(wildcard serve/pyproject.toml)
+$(VENV)/.installed: pyproject.toml $(wildcard serve/pyproject.toml serve/tools/pyproject.toml)
 	@echo "venv: installing the pinned toolchain into $(VENV) (a few minutes the first time)"
 	python3 -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
-	if [ -f serve/pyproject.toml ]; then $(BIN)/pip install -q -e './serve[test]'; fi
+	if [ -f serve/pyproject.toml ]; then $(BIN)/pip install -q -e './serve[test]' -e ./serve/tools; fi
 	touch $@
 
 lab-up: deps venv ## start (or repair) the three lab nodes and the mirror
@@ -50,10 +50,11 @@ lab-destroy: ## remove the lab's containers, network, image and .lab/: nothing l
 lab-image-rebuild: deps venv ## rebuild the node image even if it is current
 	$(BIN)/python tests/lab/labctl.py image --rebuild
 
-lint: venv ## ruff and ansible-lint (production profile)
+lint: venv ## ruff, ansible-lint (production profile), strict mypy on the gateway package
 	ruff check .
 	ruff format --check .
 	ansible-lint
+	if [ -f serve/pyproject.toml ]; then (cd serve && mypy); fi
 
 syntax: venv ## --syntax-check every playbook against both inventories
 	for inventory in inventories/production/hosts.yml $(LAB_INVENTORY); do

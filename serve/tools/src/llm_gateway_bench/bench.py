@@ -29,8 +29,7 @@ from typing import Any
 
 import jwt
 import orjson
-
-from .http_client import ConnectionPool
+from llm_gateway.http_client import ConnectionPool
 
 START = "<!-- gateway-bench:start -->"
 END = "<!-- gateway-bench:end -->"

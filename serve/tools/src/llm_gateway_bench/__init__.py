@@ -1,0 +1,1 @@
+"""`llm-gateway-bench`: the gateway against the simulator, direct and through it."""
