@@ -12,6 +12,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import pickletools
 import pwd
 import re
 import stat
@@ -388,6 +389,22 @@ def is_pickle(root: str, relpath: str) -> bool:
     return len(head) == 2 and head[0] == 0x80 and 2 <= head[1] <= 5
 
 
+def _first_pickle_parses(path: str) -> bool:
+    """picklescan reports an unparseable stream without globals as clean; we refuse what we cannot parse.
+
+    Zip checkpoints (PyTorch >= 1.6) are parsed by picklescan member by member; this checks raw pickles."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(1) != b"\x80":
+                return True
+            f.seek(0)
+            for _ in pickletools.genops(f):
+                pass
+    except (OSError, ValueError, EOFError):
+        return False
+    return True
+
+
 def gate_pickle(root: str, pickle_files: list[str], policy: str, scanner: ModuleType | None) -> GateResult:
     gate = GateResult("pickle")
     if not pickle_files:
@@ -403,8 +420,8 @@ def gate_pickle(root: str, pickle_files: list[str], policy: str, scanner: Module
         except Exception as exc:  # a scanner crash must refuse, not pass
             gate.error(relpath, f"picklescan could not scan it: {exc}")
             continue
-        if getattr(result, "scan_err", False):
-            gate.error(relpath, "picklescan could not parse it as a pickle: refused")
+        if getattr(result, "scan_err", False) or not _first_pickle_parses(os.path.join(root, relpath)):
+            gate.error(relpath, "not a well-formed pickle (cannot be parsed, so cannot be vouched for)")
             continue
         for g in result.globals:
             level = getattr(g.safety, "value", str(g.safety))
