@@ -14,7 +14,7 @@ LAB_INVENTORY := inventories/lab/hosts.yml
 PLAYBOOKS := $(wildcard playbooks/*.yml playbooks/remediate/*.yml)
 MOLECULE_SCENARIOS := $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml)))
 
-.PHONY: help deps venv lab lab-up lab-status lab-destroy lab-image-rebuild lint syntax unit molecule lab-test test
+.PHONY: help deps venv lab lab-up lab-status lab-destroy lab-image-rebuild lint syntax sanity unit molecule lab-test test
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -64,6 +64,9 @@ syntax: venv ## --syntax-check every playbook against both inventories
 	  done
 	done
 
+sanity: venv ## ansible-test's validate-modules on library/ (in a throw-away collection)
+	$(BIN)/python scripts/validate-modules.py
+
 unit: venv ## unit tests (modules against the fake NVML; the gateway package's own suite)
 	pytest tests/unit
 	# serve/ is its own package with its own conftest: a separate run
@@ -79,5 +82,5 @@ lab-test: lab-up ## acceptance tests on the running lab (site idempotence, GPU m
 	# tests/lab/conftest.py runs test_site_on_lab.py first: it converges the nodes the others use
 	LAB_TESTS_REQUIRED=1 pytest -m lab tests/lab
 
-test: deps venv lint syntax unit molecule lab-test ## EVERY TEST: what CI runs
+test: deps venv lint syntax sanity unit molecule lab-test ## EVERY TEST: what CI runs
 	@echo "make test: all green"
