@@ -1,0 +1,80 @@
+"""Verify what the containerd role converged (testinfra; run by molecule, or against the lab:
+``pytest molecule/containerd/tests --hosts=ansible://k8s_cluster --ansible-inventory=inventories/lab/hosts.yml
+--force-ansible --sudo``).
+
+What the daemon runs with is read from the daemon's side (`containerd config dump`, `ctr`), parsed,
+not grepped; the packages are checked pinned and held.
+"""
+
+import tomllib
+
+CONTAINERD = ("containerd.io", "2.1.9-1~ubuntu.22.04~jammy", "2.1.9")
+TOOLKIT = ("nvidia-container-toolkit", "nvidia-container-toolkit-base")
+TOOLKIT_VERSION = "1.18.1-1"
+PAUSE = "registry.k8s.io/pause:3.10.2"
+CRI_RUNTIME = "io.containerd.cri.v1.runtime"
+
+
+def held(host):
+    return set(host.check_output("apt-mark showhold").split())
+
+
+def candidate(host, package):
+    policy = host.check_output(f"apt-cache policy {package}")
+    return next(line.split()[-1] for line in policy.splitlines() if "Candidate:" in line)
+
+
+def running_config(host):
+    return tomllib.loads(host.check_output("containerd config dump"))
+
+
+def test_containerd_package_pinned_and_held(host):
+    name, version, _ = CONTAINERD
+    assert host.package(name).version == version
+    assert name in held(host)
+    assert candidate(host, name) == version
+
+
+def test_real_containerd_daemon_answers(host):
+    assert host.service("containerd").is_running
+    assert host.service("containerd").is_enabled
+    # client and server: the running daemon reports its version over its socket
+    version = host.check_output("ctr version")
+    assert version.count(f"Version:  {CONTAINERD[2]}") == 2, version
+
+
+def test_daemon_runs_with_systemd_cgroups_and_pause_image(host):
+    config = running_config(host)
+    assert config["version"] >= 3
+    runtimes = config["plugins"][CRI_RUNTIME]["containerd"]["runtimes"]
+    assert runtimes["runc"]["options"]["SystemdCgroup"] is True
+    assert config["plugins"]["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"] == PAUSE
+    assert not set(config.get("disabled_plugins", [])) & {"cri", "io.containerd.grpc.v1.cri", CRI_RUNTIME}
+
+
+def test_cri_plugins_loaded(host):
+    rows = {
+        tuple(line.split()[:2]): line.split()[-1]
+        for line in host.check_output("ctr plugins ls").splitlines()[1:]
+    }
+    assert rows[("io.containerd.cri.v1", "runtime")] == "ok"
+    assert rows[("io.containerd.cri.v1", "images")] == "ok"
+    assert rows[("io.containerd.grpc.v1", "cri")] == "ok"
+
+
+def test_nvidia_runtime_configured_by_nvidia_ctk(host):
+    runtimes = running_config(host)["plugins"][CRI_RUNTIME]["containerd"]["runtimes"]
+    nvidia = runtimes["nvidia"]
+    assert nvidia["runtime_type"] == "io.containerd.runc.v2"
+    assert nvidia["options"]["BinaryName"] == "/usr/bin/nvidia-container-runtime"
+    assert nvidia["options"]["SystemdCgroup"] is True
+    # written by nvidia-ctk's drop-in, which config.toml imports (the role leaves the file to nvidia-ctk)
+    assert host.file("/etc/containerd/conf.d/99-nvidia.toml").contains("nvidia-container-runtime")
+
+
+def test_toolkit_pinned_and_held(host):
+    for name in TOOLKIT:
+        assert host.package(name).version == TOOLKIT_VERSION
+        assert name in held(host)
+        # the mirror also has 1.18.2-1: the pin keeps 1.18.1-1
+        assert candidate(host, name) == TOOLKIT_VERSION
