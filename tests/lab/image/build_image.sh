@@ -23,7 +23,7 @@ packages=(
   kmod iproute2 iputils-ping procps less jq rsync curl ca-certificates gnupg
   chrony initramfs-tools unattended-upgrades lsb-release cron ethtool
   runc ipvsadm ipset conntrack
-  python3-yaml ipvsadm ipset conntrack
+  python3-yaml
   openssh-client clamav clamav-freshclam
 )
 echo "lab-image: debootstrap bookworm from $mirror (about a minute)"

