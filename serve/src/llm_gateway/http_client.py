@@ -216,12 +216,8 @@ class Response:
     async def next_chunk(self) -> bytes | None:
         """The next piece of the body as it arrives, None at its end (the connection is then released)."""
         while True:
-            if self._chunks:
-                chunk = self._chunks.popleft()
-                self._buffered -= len(chunk)
-                if self._paused and self._buffered < _LOW_WATER and self._conn.transport is not None:
-                    self._paused = False
-                    self._conn.transport.resume_reading()
+            chunk = self.buffered_chunk()
+            if chunk is not None:
                 return chunk
             if self.complete:
                 self.close()
