@@ -143,8 +143,9 @@ def test_gpu_restore_and_process_clear(pcie_node: FakeNode) -> None:
 
 def test_cli_runs_as_a_script_with_stdlib_only(pcie_node: FakeNode, tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": ""}
+    # -I: no PYTHONPATH, no user site; -S: no site module, so no site-packages (the venv's included)
     out = subprocess.run(
-        [sys.executable, "-I", str(FAKE_NVML_DIR / "fake_nvml_ctl.py"), "--help"],
+        [sys.executable, "-I", "-S", str(FAKE_NVML_DIR / "fake_nvml_ctl.py"), "--help"],
         capture_output=True,
         text=True,
         env=env,
