@@ -34,6 +34,22 @@ def test_surface(make_sim: Any, make_gateway: Any, client: httpx.Client) -> None
         gw.url + "/v1/chat/completions", json=chat_body(max_tokens="5"), headers=auth_headers()
     )
     assert as_string.status_code == 400 and as_string.json()["error"]["param"] == "max_tokens"
+    # the body is parsed once (orjson); past its 64-bit integers the error still names the field
+    huge = client.post(
+        gw.url + "/v1/chat/completions", content=b'{"model": "m", "seed": 1e999999}', headers=auth_headers()
+    )
+    assert huge.status_code == 400
+    past_64_bits = client.post(
+        gw.url + "/v1/chat/completions",
+        content=b'{"model": "m", "messages": [], "seed": 123456789012345678901234567890}',
+        headers=auth_headers(),
+    )
+    assert past_64_bits.status_code == 400 and past_64_bits.json()["error"]["param"] == "seed"
+    array = client.post(gw.url + "/v1/chat/completions", json=[1], headers=auth_headers())
+    assert (
+        array.status_code == 400
+        and array.json()["error"]["message"] == "The request body must be a JSON object."
+    )
 
 
 def test_cli_check_names_the_bad_key(tmp_path: Path) -> None:

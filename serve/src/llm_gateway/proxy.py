@@ -68,11 +68,16 @@ def _new_record(request: Request, kind: str) -> RequestRecord:
 
 def _parse(body: bytes, chat: bool) -> dict[str, Any]:
     """The body parsed once: orjson reads it, the schema checks the result."""
+    model_cls: type[BaseModel] = ChatCompletionRequest if chat else CompletionRequest
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError:
+        # error path only: pydantic's own parse names the field where it can (an int past 64 bits)
+        try:
+            model_cls.model_validate_json(body)
+        except ValidationError as exc:
+            raise validation_error(exc) from None
         raise invalid_json() from None
-    model_cls: type[BaseModel] = ChatCompletionRequest if chat else CompletionRequest
     try:
         model_cls.model_validate(payload)
     except ValidationError as exc:
