@@ -19,7 +19,9 @@ description:
     blocks (O(block_size)). A cache beside the manifest remembers each file's sha256 with its size,
     mtime (ns), inode and device; a file whose four values are unchanged is not read again, so an
     unchanged directory verifies with one C(stat) per file, well under a second for a 15 GB model.
-    rsync writes a changed file to a new inode, so synced files are always hashed again.
+    rsync writes a changed file to a new inode, so synced files are always hashed again. The key does not
+    hold the directory's path, so the cache stays valid when the directory is renamed (staging to version
+    directory) and gives nothing for another directory (other inodes).
   - Only plain files are allowed; a symlink or a special file anywhere under O(path) is an error naming it.
     The manifest and its cache are left out of the listing when they live inside O(path).
   - Standard library only; runs under the node's system Python.

@@ -174,13 +174,19 @@ def _cache_key(st: os.stat_result) -> list[int]:
 
 
 def load_cache(cache_path: str, root: str) -> dict[str, list[Any]]:
-    """The cache's entries for ``root``; empty when missing, unreadable or for another directory."""
+    """The cache's entries; empty when missing or unreadable.
+
+    An entry is trusted only when the file at that relative path still has the same size, mtime_ns, inode
+    and device, so the cache follows a directory renamed within its filesystem (staging -> version
+    directory: no second full hash) and gives nothing for another directory (other inodes). ``root`` is
+    recorded for the reader; it is not part of the key.
+    """
     try:
         with open(cache_path, encoding="utf-8") as f:
             data = json.load(f)
     except (OSError, ValueError):
         return {}
-    if not isinstance(data, dict) or data.get("format") != CACHE_FORMAT or data.get("root") != root:
+    if not isinstance(data, dict) or data.get("format") != CACHE_FORMAT:
         return {}
     entries = data.get("entries")
     return entries if isinstance(entries, dict) else {}

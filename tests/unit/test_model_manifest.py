@@ -130,6 +130,16 @@ def test_cache_of_another_directory_is_not_trusted(tmp_path: Path) -> None:
     assert result["stats"]["cache_hits"] == 0
 
 
+def test_cache_follows_a_renamed_directory(tmp_path: Path) -> None:
+    staged = modelgen.write_good_model(tmp_path / "staging")
+    manifest = str(tmp_path / "v1.manifest.json")
+    run_module(model_manifest, {"path": str(staged), "manifest": manifest, "state": "generate"})
+    staged.rename(tmp_path / "v1")
+    failed, result = run_module(model_manifest, {"path": str(tmp_path / "v1"), "manifest": manifest})
+    assert not failed and result["matches"]
+    assert result["stats"]["hashed_files"] == 0 and result["stats"]["cache_hits"] == result["file_count"]
+
+
 def test_manifest_inside_the_directory_is_left_out(model: Path) -> None:
     manifest = model / "MANIFEST.json"
     failed, result = run_module(
