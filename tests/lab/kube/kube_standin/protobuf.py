@@ -155,8 +155,72 @@ MESSAGES: dict[str, Schema] = {
     },
     "EnvVar": {1: ("name", "s"), 2: ("value", "s")},
     "ResourceRequirements": {1: ("limits", "mq"), 2: ("requests", "mq")},
+    "PodDisruptionBudget": {1: ("metadata", "m:ObjectMeta"), 2: ("spec", "m:PodDisruptionBudgetSpec")},
+    "PodDisruptionBudgetSpec": {
+        1: ("minAvailable", "io"),
+        2: ("selector", "m:LabelSelector"),
+        3: ("maxUnavailable", "io"),
+        4: ("unhealthyPodEvictionPolicy", "?s"),
+    },
+    "Role": {1: ("metadata", "m:ObjectMeta"), 2: ("rules", "*m:PolicyRule")},
+    "ClusterRole": {
+        1: ("metadata", "m:ObjectMeta"),
+        2: ("rules", "*m:PolicyRule"),
+        3: ("aggregationRule", "m:AggregationRule"),
+    },
+    "AggregationRule": {1: ("clusterRoleSelectors", "*m:LabelSelector")},
+    "PolicyRule": {
+        1: ("verbs", "*s"),
+        2: ("apiGroups", "*s"),
+        3: ("resources", "*s"),
+        4: ("resourceNames", "*s"),
+        5: ("nonResourceURLs", "*s"),
+    },
+    "RoleBinding": {
+        1: ("metadata", "m:ObjectMeta"),
+        2: ("subjects", "*m:Subject"),
+        3: ("roleRef", "m:RoleRef"),
+    },
+    "ClusterRoleBinding": {
+        1: ("metadata", "m:ObjectMeta"),
+        2: ("subjects", "*m:Subject"),
+        3: ("roleRef", "m:RoleRef"),
+    },
+    "Subject": {1: ("kind", "s"), 2: ("apiGroup", "s"), 3: ("name", "s"), 4: ("namespace", "s")},
+    "RoleRef": {1: ("apiGroup", "s"), 2: ("kind", "s"), 3: ("name", "s")},
+    "Service": {1: ("metadata", "m:ObjectMeta"), 2: ("spec", "m:ServiceSpec")},
+    "ServiceSpec": {
+        1: ("ports", "*m:ServicePort"),
+        2: ("selector", "ms"),
+        3: ("clusterIP", "s"),
+        4: ("type", "s"),
+        5: ("externalIPs", "*s"),
+        7: ("sessionAffinity", "s"),
+        11: ("externalName", "s"),
+    },
+    "ServicePort": {
+        1: ("name", "s"),
+        2: ("protocol", "s"),
+        3: ("port", "i"),
+        4: ("targetPort", "io"),
+        5: ("nodePort", "i"),
+    },
+    "PriorityClass": {
+        1: ("metadata", "m:ObjectMeta"),
+        2: ("value", "?i"),
+        3: ("globalDefault", "b"),
+        4: ("description", "s"),
+        5: ("preemptionPolicy", "?s"),
+    },
 }
 KIND_MESSAGE = {
+    "PodDisruptionBudget",
+    "Role",
+    "ClusterRole",
+    "RoleBinding",
+    "ClusterRoleBinding",
+    "Service",
+    "PriorityClass",
     "Namespace",
     "Eviction",
     "ConfigMap",
@@ -248,6 +312,11 @@ def decode_message(name: str, buf: bytes, where: str = "") -> dict[str, Any]:
         typ = typ.lstrip("*?")
         if typ.startswith("m:"):
             value: Any = decode_message(typ[2:], val, f"{where or name}.{field}")
+        elif typ == "io":  # IntOrString: type (0 int, 1 string), intVal, strVal
+            ios = {n: v for n, _, v in _fields(val)}
+            value = bytes(ios.get(3, b"")).decode() if ios.get(1) == 1 else int(ios.get(2, 0))
+            out[field] = value
+            continue
         elif typ in ("ms", "my", "mq"):
             entry = {n: v for n, _, v in _fields(val)}
             key = bytes(entry.get(1, b"")).decode()
