@@ -315,7 +315,7 @@ class Bench:
 
         print("non-streaming latency at 200 req/s (open loop), three arms", file=sys.stderr)
         await self.configure_sim(sim_port, ttft_s=0.0, itl_s=0.0, reply=None, default_max_tokens=16)
-        await alternate("latency_200", 3, lambda t: self.open_loop(t, 200, 6 * s), (direct, gateway, aio))
+        await alternate("latency_200", 5, lambda t: self.open_loop(t, 200, 6 * s), (direct, gateway, aio))
 
         print("non-streaming throughput (closed loop)", file=sys.stderr)
         await alternate("throughput", 2, lambda t: self.closed_loop(t, 64, 6 * s, stream=False))
@@ -355,14 +355,18 @@ def render(results: dict[str, Any], command: str, wall_s: float) -> str:
         for r in runs
     )
 
-    gap = p["direct_aiohttp"]["p50"] - p["direct"]["p50"]
-    gap99 = p["direct_aiohttp"]["p99"] - p["direct"]["p99"]
+    # paired per round (the arms of a round run back to back), so drifting load cancels out
+    pairs = list(zip(lat["direct_aiohttp"], lat["direct"], strict=True))
+    gap = _median([a["p50"] - o["p50"] for a, o in pairs])
+    gap99 = _median([a["p99"] - o["p99"] for a, o in pairs])
     if gap <= 0.1:
-        client_verdict = f"This run: aiohttp is {gap:+.2f} ms at p50, within the margin."
+        client_verdict = (
+            f"This run: aiohttp is {gap:+.2f} ms at p50 (median of the paired rounds), within the margin."
+        )
     else:
         client_verdict = (
-            f"This run: aiohttp adds {gap:.2f} ms at p50 ({gap99:+.2f} ms at p99), more than the "
-            "margin: the gateway keeps its own client."
+            f"This run: aiohttp adds {gap:.2f} ms at p50 ({gap99:+.2f} ms at p99; medians of the paired "
+            "rounds), more than the margin: the gateway keeps its own client."
         )
 
     def verdict(ok: bool) -> str:
