@@ -1,12 +1,10 @@
 """Conformance of the lab's Kubernetes API stand-in (tests/lab/kube/kube_standin) with the real API.
 
-One server per module (python3 -m kube_standin.apiserver on 127.0.0.1, a PKI made here with openssl),
-judged by
-the REAL kubectl 1.36.3 (tests/lab/kube/fetch_kubectl.py), by kubernetes.core's modules through
-ansible-playbook,
-and by raw REST calls. Each test's docstring names the documented behaviour of the real API it mirrors
-(kubernetes.io/docs/reference/using-api/api-concepts/ = "API Concepts"; .../access-authn-authz/ = "Access").
-"""
+One server per module (python3 -m kube_standin.apiserver on 127.0.0.1, a PKI made here with openssl), judged
+by the REAL kubectl 1.36.3 (tests/lab/kube/fetch_kubectl.py), by kubernetes.core's modules through
+ansible-playbook, and by raw REST calls. Each test's docstring names the documented behaviour of the real API
+it mirrors (kubernetes.io/docs/reference/using-api/api-concepts/ = "API Concepts"; .../access-authn-authz/ =
+"Access")."""
 
 from __future__ import annotations
 
@@ -131,8 +129,8 @@ def _deploy(
 
 def test_discovery_version_health(lab: Lab) -> None:
     """API Concepts "Discovery API" (legacy /api, /apis, /apis/G/V resource lists; clients fall back from
-    aggregated discovery), "/version", health endpoints "/livez" "/readyz" (Kubernetes API health
-    endpoints)."""
+    aggregated discovery), "/version", health endpoints "/livez" "/readyz" (Kubernetes API health endpoints).
+    """
     out = lab.kubectl("version", "-o", "json").stdout
     assert json.loads(out)["serverVersion"]["gitVersion"] == "v1.36.3"
     res = lab.kubectl("api-resources", "--no-headers").stdout
@@ -158,9 +156,8 @@ def test_discovery_version_health(lab: Lab) -> None:
 
 def test_error_status_shapes(lab: Lab) -> None:
     """API conventions "Response Status Kind": NotFound 404, AlreadyExists 409, Invalid 422 with
-    details.causes;
-    API Concepts "Resource versions": an update with a stale metadata.resourceVersion is a 409 Conflict; a
-    namespaced object in a namespace that does not exist is NotFound, a list there is empty."""
+    details.causes; API Concepts "Resource versions": an update with a stale metadata.resourceVersion is a 409
+    Conflict; a namespaced object in a namespace that does not exist is NotFound, a list there is empty."""
     code, body = lab.admin.request("GET", "/api/v1/namespaces/default/configmaps/nope")
     assert (code, body["kind"], body["reason"], body["details"]["name"]) == (
         404,
@@ -193,9 +190,9 @@ def test_error_status_shapes(lab: Lab) -> None:
 
 def test_patch_types_status_and_generation(lab: Lab) -> None:
     """API Concepts "Patch" / "Update a container image using kubectl patch" (JSON patch, merge patch,
-    strategic
-    merge patch merging containers/env by their patchMergeKey `name`), "Subresources" (status only through
-    /status; the main endpoint ignores status), object metadata.generation bumped on spec changes only."""
+    strategic merge patch merging containers/env by their patchMergeKey `name`), "Subresources" (status only
+    through /status; the main endpoint ignores status), object metadata.generation bumped on spec changes
+    only."""
     base = "/apis/apps/v1/namespaces/default/deployments"
     dep = _deploy("patchy", replicas=0)
     dep["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": "A", "value": "1"}]
@@ -272,8 +269,7 @@ def test_label_and_field_selectors(lab: Lab) -> None:
 
 def test_kubectl_get_describe_tables(lab: Lab) -> None:
     """kubectl get asks for server-side printed Tables (API Concepts "Receiving resources as Tables");
-    describe
-    reads the typed object; -o json gets the objects themselves."""
+    describe reads the typed object; -o json gets the objects themselves."""
     out = lab.kubectl("get", "nodes").stdout
     assert out.split("\n")[0].split() == ["NAME", "STATUS", "ROLES", "AGE", "VERSION"]
     assert "gpu-node-1   Ready    control-plane" in out
@@ -318,9 +314,8 @@ def test_kubectl_create_apply_server_side_delete(lab: Lab) -> None:
 
 def test_deployment_rollout_and_wait(lab: Lab) -> None:
     """Deployments (ReplicaSet per pod template, rolling update, status replicas/updated/ready/available,
-    observedGeneration) as `kubectl rollout status` reads them; `kubectl wait --for=condition=Ready` on a
-    Pod and
-    --for=delete use watches (API Concepts "Efficient detection of changes")."""
+    observedGeneration) as `kubectl rollout status` reads them; `kubectl wait --for=condition=Ready` on a Pod
+    and --for=delete use watches (API Concepts "Efficient detection of changes")."""
     lab.kubectl("create", "deployment", "web", "--image=nginx:1.27", "--replicas=2")
     lab.kubectl("rollout", "status", "deployment/web", "--timeout=20s")
     lab.kubectl("wait", "--for=condition=Ready", "pod", "-l", "app=web", "--timeout=20s")
@@ -343,9 +338,8 @@ def test_deployment_rollout_and_wait(lab: Lab) -> None:
 
 
 def test_watch_stream(lab: Lab) -> None:
-    """API Concepts "Efficient detection of changes": ?watch=1 from a resourceVersion streams ADDED /
-    MODIFIED /
-    DELETED events, newline-delimited JSON, ending at timeoutSeconds."""
+    """API Concepts "Efficient detection of changes": ?watch=1 from a resourceVersion streams ADDED / MODIFIED
+    / DELETED events, newline-delimited JSON, ending at timeoutSeconds."""
     rv = lab.admin.ok("GET", "/api/v1/namespaces/default/configmaps")["metadata"]["resourceVersion"]
     lab.admin.ok("POST", "/api/v1/namespaces/default/configmaps", {"metadata": {"name": "w1"}})
     lab.admin.ok(
@@ -409,9 +403,8 @@ def test_statefulset_and_daemonset_placement(lab: Lab) -> None:
 
 
 def test_scheduler_counts_gpus(lab: Lab) -> None:
-    """kube-scheduler "Resource Management for Pods and Containers" / device plugins: extended resources
-    such as
-    nvidia.com/gpu are requested in limits and never overcommitted; an unschedulable Pod stays Pending with
+    """kube-scheduler "Resource Management for Pods and Containers" / device plugins: extended resources such
+    as nvidia.com/gpu are requested in limits and never overcommitted; an unschedulable Pod stays Pending with
     PodScheduled=False reason Unschedulable and a FailedScheduling event."""
     lab.kubectl("create", "namespace", "gpu")
     for i in range(3):
@@ -447,10 +440,9 @@ def test_scheduler_counts_gpus(lab: Lab) -> None:
 
 
 def test_cordon_drain_with_pdb(lab: Lab) -> None:
-    """ "Safely Drain a Node": cordon sets spec.unschedulable (node shows SchedulingDisabled); drain evicts
-    through
-    pods/eviction, which answers 429 TooManyRequests while a PodDisruptionBudget allows no disruption
-    ("API-initiated eviction"); uncordon clears it."""
+    """Task "Safely Drain a Node": cordon sets spec.unschedulable (node shows SchedulingDisabled); drain
+    evicts through pods/eviction, which answers 429 TooManyRequests while a PodDisruptionBudget allows no
+    disruption ("API-initiated eviction"); uncordon clears it."""
     lab.kubectl("create", "namespace", "drain")
     dep = _deploy("guarded", ns="drain", replicas=1, nodeSelector={"kubernetes.io/hostname": "gpu-node-3"})
     lab.admin.ok("POST", "/apis/apps/v1/namespaces/drain/deployments", dep)
@@ -600,8 +592,7 @@ def test_crd_adds_resources(lab: Lab) -> None:
 
 def test_upstream_manifests_apply(lab: Lab) -> None:
     """Every object of the pinned Calico, NVIDIA device plugin and DCGM exporter manifests applies (CRDs
-    first,
-    as kubectl orders them) and a second apply is unchanged; the DaemonSets get their pods."""
+    first, as kubectl orders them) and a second apply is unchanged; the DaemonSets get their pods."""
     files = [
         UPSTREAM / "calico/v3.32.1/calico.yaml",
         UPSTREAM / "k8s-device-plugin/v0.20.0/nvidia-device-plugin.yml",
@@ -664,7 +655,8 @@ PLAYBOOK = """\
       register: ns1
     - kubernetes.core.k8s: {definition: {apiVersion: v1, kind: Namespace, metadata: {name: ans}}}
       register: ns2
-    - kubernetes.core.k8s: {apply: true, wait: true, wait_timeout: 30, definition: "{{ deploy }}"}
+    - kubernetes.core.k8s: {apply: true, wait: true, wait_sleep: 1, wait_timeout: 30, definition: "{{ x }}"}
+      vars: {x: "{{ deploy }}"}
       register: d1
     - kubernetes.core.k8s: {apply: true, definition: "{{ deploy }}"}
       register: d2
@@ -675,6 +667,7 @@ PLAYBOOK = """\
       register: d3
     - kubernetes.core.k8s:
         wait: true
+        wait_sleep: 1
         wait_timeout: 30
         definition:
           apiVersion: apps/v1
@@ -698,7 +691,7 @@ PLAYBOOK = """\
     - kubernetes.core.k8s_drain:
         name: gpu-node-2
         state: drain
-        delete_options: {ignore_daemonsets: true, wait_timeout: 20}
+        delete_options: {ignore_daemonsets: true, wait_timeout: 20, wait_sleep: 1}
       register: drain
     - kubernetes.core.k8s_drain: {name: gpu-node-2, state: uncordon}
       register: uncordon
@@ -721,8 +714,8 @@ PLAYBOOK = """\
 def test_kubernetes_core_modules(lab: Lab) -> None:
     """kubernetes.core (k8s create/apply idempotence and check mode, wait: on Deployment and DaemonSet status,
     k8s_info label/field selectors, k8s_drain cordon/drain/uncordon, a missing Node reported) through the
-    `kubernetes` Python client: discovery, GET/POST/PATCH, list kinds, eviction as the real API serves
-    them."""
+    `kubernetes` Python client: discovery, GET/POST/PATCH, list kinds, eviction as the real API serves them.
+    """
     play = lab.tmp / "play.yml"
     play.write_text(PLAYBOOK.replace("KUBECONFIG", str(lab.kubeconfigs["admin"])))
     exe = Path(sys.executable).parent / "ansible-playbook"

@@ -85,7 +85,7 @@ class Api:
         self.store = store
         self.registry = registry
         self.on_change: list[Any] = []  # callables(event) the controllers register
-        for crd in store.list("apiextensions.k8s.io", "customresourcedefinitions"):
+        for crd in store.select("apiextensions.k8s.io", "customresourcedefinitions"):
             registry.crd_changed(crd)
 
     # ------------------------------------------------------------------ lookup
@@ -119,7 +119,7 @@ class Api:
         except ApiError:
             return None
 
-    def list(
+    def select(
         self,
         res: Resource,
         namespace: str | None,
@@ -129,7 +129,7 @@ class Api:
         lreq = parse_label_selector(label_selector)
         freq = parse_field_selector(field_selector, res.kind)
         with self.store.lock:
-            items = self.store.list(res.group, res.plural, namespace if res.namespaced else None)
+            items = self.store.select(res.group, res.plural, namespace if res.namespaced else None)
             rv = str(self.store.rv)
         out = [
             self._decorate(res, o)
@@ -359,7 +359,7 @@ class Api:
             spec.setdefault("conversion", {"strategy": "None"})
 
     def _allocate_cluster_ip(self) -> str:
-        used = {s.get("spec", {}).get("clusterIP") for s in self.store.list("", "services")}
+        used = {s.get("spec", {}).get("clusterIP") for s in self.store.select("", "services")}
         for offset in range(10, SERVICE_CIDR.num_addresses - 1):
             candidate = str(SERVICE_CIDR.network_address + offset)
             if candidate not in used:
@@ -724,6 +724,13 @@ class Api:
             )
             if dry_run:
                 return obj
+            if res.kind == "Namespace" and name in ("default", "kube-system", "kube-public"):
+                raise ApiError(
+                    403,
+                    "Forbidden",
+                    f'namespaces "{name}" is forbidden: this namespace may not be deleted',
+                    {"name": name, "kind": "namespaces"},
+                )
             if res.kind == "Namespace":
                 if not meta.get("deletionTimestamp"):
                     meta["deletionTimestamp"] = now_iso()
@@ -756,7 +763,7 @@ class Api:
         for res in self.registry.all():
             if "create" not in res.verbs or res.verbs == ("create",):
                 continue
-            for obj in self.store.list(res.group, res.plural):
+            for obj in self.store.select(res.group, res.plural):
                 refs = obj["metadata"].get("ownerReferences") or []
                 if any(r.get("uid") == owner_uid for r in refs):
                     obj["metadata"]["ownerReferences"] = [r for r in refs if r.get("uid") != owner_uid]
@@ -771,7 +778,7 @@ class Api:
         options: dict[str, Any] | None,
         dry_run: bool,
     ) -> dict[str, Any]:
-        items, _ = self.list(res, namespace, label_selector, field_selector)
+        items, _ = self.select(res, namespace, label_selector, field_selector)
         deleted = []
         for item in items:
             meta = item["metadata"]
@@ -800,7 +807,7 @@ class Api:
             if not ignore_pdb:
                 pdbs = [
                     p
-                    for p in self.store.list("policy", "poddisruptionbudgets", namespace)
+                    for p in self.store.select("policy", "poddisruptionbudgets", namespace)
                     if labels_match(
                         selector_from_label_selector(p.get("spec", {}).get("selector"))
                         or [("\0", "exists", [])],
@@ -851,7 +858,7 @@ class Api:
         reqs = selector_from_label_selector(spec.get("selector"))
         pods = [
             p
-            for p in self.store.list("", "pods", ns)
+            for p in self.store.select("", "pods", ns)
             if reqs is not None
             and labels_match(reqs, p["metadata"].get("labels"))
             and not p["metadata"].get("deletionTimestamp")

@@ -480,7 +480,7 @@ class Handler(BaseHTTPRequestHandler):
         if method == "GET" and not name:
             if verb == "watch":
                 return self._watch(res, namespace or None, query)
-            items, rv = api.list(
+            items, rv = api.select(
                 res, namespace or None, query.get("labelSelector", ""), query.get("fieldSelector", "")
             )
             if self._wants_table():
@@ -663,7 +663,7 @@ class Handler(BaseHTTPRequestHandler):
         pending: list[dict[str, Any]] = []
         with store.lock:
             if rv_param in ("", "0") or initial:
-                items, rv = self.srv.api.list(
+                items, rv = self.srv.api.select(
                     res, namespace, query.get("labelSelector", ""), query.get("fieldSelector", "")
                 )
                 pending = [{"type": "ADDED", "object": o} for o in items]
@@ -700,8 +700,8 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Cache-Control", "no-cache, private")
         self.end_headers()
         try:
-            for ev in pending:
-                self._write_chunk(json.dumps(ev, separators=(",", ":")).encode() + b"\n")
+            for first in pending:
+                self._write_chunk(json.dumps(first, separators=(",", ":")).encode() + b"\n")
             while last >= 0 and time.time() < deadline:
                 with store.lock:
                     events = store.events_since(last)
@@ -760,7 +760,7 @@ def serve(
     verbose: bool = False,
 ) -> ThreadingHTTPServer:
     handler = type("BoundHandler", (Handler,), {"srv": server, "srv_verbose": verbose})
-    family_server = _Server
+    family_server: type[_Server] = _Server
     if ":" in bind:
         family_server = type("_Server6", (_Server,), {"address_family": socket.AF_INET6})
     httpd = family_server((bind, port), handler)

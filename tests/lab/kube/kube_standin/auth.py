@@ -230,7 +230,7 @@ class Authorizer:
             if agg:
                 from .selectors import labels_match, selector_from_label_selector
 
-                for other in self.store.list("rbac.authorization.k8s.io", "clusterroles"):
+                for other in self.store.select("rbac.authorization.k8s.io", "clusterroles"):
                     for sel in agg.get("clusterRoleSelectors") or []:
                         if labels_match(
                             selector_from_label_selector(sel) or [], other["metadata"].get("labels")
@@ -245,11 +245,11 @@ class Authorizer:
         if "system:nodes" in user.groups:
             node_role = self.store.get("rbac.authorization.k8s.io", "clusterroles", "", "system:node")
             rules += (node_role or {}).get("rules") or []
-        for crb in self.store.list("rbac.authorization.k8s.io", "clusterrolebindings"):
+        for crb in self.store.select("rbac.authorization.k8s.io", "clusterrolebindings"):
             if any(self._subject_matches(s, user, "") for s in crb.get("subjects") or []):
                 rules += self._role_rules(crb.get("roleRef") or {}, "")
         if namespace:
-            for rb in self.store.list("rbac.authorization.k8s.io", "rolebindings", namespace):
+            for rb in self.store.select("rbac.authorization.k8s.io", "rolebindings", namespace):
                 if any(self._subject_matches(s, user, namespace) for s in rb.get("subjects") or []):
                     rules += self._role_rules(rb.get("roleRef") or {}, namespace)
         return rules

@@ -243,7 +243,7 @@ class Controllers:
     def _list(self, group: str, plural: str, ns: str | None = None) -> list[dict[str, Any]]:
         res = self.r(group, plural)
         return [
-            dict(o, apiVersion=res.group_version, kind=res.kind) for o in self.store.list(group, plural, ns)
+            dict(o, apiVersion=res.group_version, kind=res.kind) for o in self.store.select(group, plural, ns)
         ]
 
     def _save_status(self, group: str, plural: str, obj: dict[str, Any], status: dict[str, Any]) -> None:
@@ -301,7 +301,7 @@ class Controllers:
                 for res in self.api.registry.all():
                     if not res.namespaced or res.verbs == ("create",) or res.plural == "bindings":
                         continue
-                    for obj in self.store.list(res.group, res.plural, name):
+                    for obj in self.store.select(res.group, res.plural, name):
                         left += 1
                         if not obj["metadata"].get("deletionTimestamp"):
                             with contextlib.suppress(ApiError):
@@ -358,59 +358,55 @@ class Controllers:
             self.api.update(self.r("", "secrets"), meta["namespace"], meta["name"], new)
 
     def garbage_collect(self) -> None:
+        """Garbage collector: dependents whose owners are all gone are deleted (background propagation);
+        owners being deleted in the foreground lose their finalizer once their dependents are gone."""
+        by_key: dict[tuple[str, str], Resource] = {}
+        for res in self.api.registry.all():
+            if res.verbs != ("create",) and res.plural != "bindings":
+                by_key.setdefault(res.key, res)
         uids: set[str] = set()
         owned: list[tuple[Resource, dict[str, Any]]] = []
-        for res in self.api.registry.all():
-            if (
-                res.verbs == ("create",)
-                or res.plural == "bindings"
-                or (res.group, res.plural) != self.api.builtin(res.group, res.plural).key
-            ):
+        foreground: list[tuple[Resource, dict[str, Any]]] = []
+        # read-only walk over the stored objects (the reconcile pass holds the store lock): no copies
+        for (group, plural, _ns, _name), obj in self.store.objects.items():
+            found = by_key.get((group, plural))
+            if found is None:
                 continue
-            for obj in self.store.list(res.group, res.plural):
-                uids.add(obj["metadata"]["uid"])
-                if obj["metadata"].get("ownerReferences"):
-                    owned.append((res, obj))
+            res = found
+            meta = obj["metadata"]
+            uids.add(meta["uid"])
+            if meta.get("ownerReferences"):
+                owned.append((res, obj))
+            if meta.get("deletionTimestamp") and "foregroundDeletion" in (meta.get("finalizers") or []):
+                foreground.append((res, obj))
         for res, obj in owned:
-            refs = obj["metadata"]["ownerReferences"]
-            if not any(r.get("uid") in uids for r in refs):
+            if not any(r.get("uid") in uids for r in obj["metadata"]["ownerReferences"]):
                 with contextlib.suppress(ApiError):
                     self.api.delete(res, obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
-        # foreground deletion: dependents first, then drop the finalizer
-        by_uid = {o["metadata"]["uid"]: (r, o) for r, o in owned}
-        for res in self.api.registry.all():
-            if res.verbs == ("create",) or res.plural == "bindings":
-                continue
-            for obj in self.store.list(res.group, res.plural):
-                meta = obj["metadata"]
-                if not meta.get("deletionTimestamp") or "foregroundDeletion" not in (
-                    meta.get("finalizers") or []
-                ):
-                    continue
-                deps = [
-                    (r, o)
-                    for r, o in by_uid.values()
-                    if any(ref.get("uid") == meta["uid"] for ref in o["metadata"]["ownerReferences"])
-                ]
-                for r, o in deps:
-                    with contextlib.suppress(ApiError):
-                        self.api.delete(
-                            r,
-                            o["metadata"].get("namespace", ""),
-                            o["metadata"]["name"],
-                            {"propagationPolicy": "Foreground"},
-                        )
-                if not deps:
-                    new = copy.deepcopy(obj)
-                    new["metadata"]["finalizers"] = [
-                        f for f in meta["finalizers"] if f != "foregroundDeletion"
-                    ]
-                    self.api.update(
-                        res,
-                        meta.get("namespace", ""),
-                        meta["name"],
-                        dict(new, apiVersion=res.group_version, kind=res.kind),
+        for res, obj in foreground:
+            meta = obj["metadata"]
+            deps = [
+                (r, o)
+                for r, o in owned
+                if any(ref.get("uid") == meta["uid"] for ref in o["metadata"]["ownerReferences"])
+            ]
+            for r, o in deps:
+                with contextlib.suppress(ApiError):
+                    self.api.delete(
+                        r,
+                        o["metadata"].get("namespace", ""),
+                        o["metadata"]["name"],
+                        {"propagationPolicy": "Foreground"},
                     )
+            if not deps:
+                new = copy.deepcopy(obj)
+                new["metadata"]["finalizers"] = [f for f in meta["finalizers"] if f != "foregroundDeletion"]
+                self.api.update(
+                    res,
+                    meta.get("namespace", ""),
+                    meta["name"],
+                    dict(new, apiVersion=res.group_version, kind=res.kind),
+                )
 
     # ------------------------------------------------------------------ nodes
     def node_taints(self) -> None:
@@ -523,12 +519,13 @@ class Controllers:
                         "spec": {"replicas": 0 if rss else replicas, "selector": sel, "template": tpl},
                     },
                 )
-                self.event(
-                    dep,
-                    "ScalingReplicaSet",
-                    f"Scaled up replica set {new_rs['metadata']['name']} from 0 to "
-                    f"{new_rs['spec']['replicas']}",
-                )
+                if new_rs["spec"]["replicas"]:
+                    self.event(
+                        dep,
+                        "ScalingReplicaSet",
+                        f"Scaled up replica set {new_rs['metadata']['name']} from 0 to "
+                        f"{new_rs['spec']['replicas']}",
+                    )
                 rss.append(new_rs)
             old = [rs for rs in rss if rs["metadata"]["uid"] != new_rs["metadata"]["uid"]]
             strategy = spec.get("strategy") or {}

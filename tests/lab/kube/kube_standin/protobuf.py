@@ -252,6 +252,7 @@ def _fields(buf: bytes) -> list[tuple[int, int, Any]]:
     while pos < len(buf):
         key, pos = _varint(buf, pos)
         num, wire = key >> 3, key & 7
+        val: Any
         if wire == 0:
             val, pos = _varint(buf, pos)
         elif wire == 2:

@@ -59,7 +59,7 @@ class Store:
             obj = self.objects.get((group, plural, namespace, name))
             return copy.deepcopy(obj) if obj is not None else None
 
-    def list(self, group: str, plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
+    def select(self, group: str, plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
         with self.lock:
             out = [
                 copy.deepcopy(o)

@@ -254,13 +254,17 @@ def _jsonpath(obj: dict[str, Any], path: str) -> Any:
     return _g(obj, path)
 
 
+def _path_getter(path: str) -> Callable[[dict[str, Any]], Any]:
+    return lambda obj: _jsonpath(obj, path)
+
+
 def columns_for(res: Resource) -> list[Col]:
     if res.kind in COLUMNS and not res.crd:
         return COLUMNS[res.kind]
     if res.crd and res.columns:
         cols: list[Col] = [NAME]
         for name, typ, path in res.columns:
-            cols.append((name, typ, 0, lambda o, p=path: _jsonpath(o, p)))
+            cols.append((name, typ, 0, _path_getter(path)))
         if not any(c[0] == "Age" for c in cols):
             cols.append(AGE)
         return cols
