@@ -36,10 +36,12 @@ def _openssl(*args: str, stdin: bytes | None = None) -> bytes:
     return proc.stdout
 
 
-def bootstrap(bootstrap_kubeconfig: str, kubeconfig: str, node_name: str, log: Any) -> None:
+def bootstrap(
+    bootstrap_kubeconfig: str, kubeconfig: str, node_name: str, log: Any, cert_dir: str = PKI_DIR
+) -> None:
     boot = load_yaml_file(bootstrap_kubeconfig)
     client = Client.from_kubeconfig(bootstrap_kubeconfig)
-    pki = Path(PKI_DIR)
+    pki = Path(cert_dir)
     pki.mkdir(parents=True, exist_ok=True)
     key = _openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout")
     with tempfile.NamedTemporaryFile() as key_file:

@@ -598,6 +598,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--hostname-override")
     parser.add_argument("--node-labels")
     parser.add_argument("--register-with-taints")
+    parser.add_argument("--cert-dir", default="/var/lib/kubelet/pki")
     return parser
 
 
@@ -630,7 +631,7 @@ def main(argv: list[str] | None = None) -> int:
 
         node_name = (args.hostname_override or socket.gethostname()).lower()
         try:
-            csr.bootstrap(boot, kubeconfig, node_name, log)
+            csr.bootstrap(boot, kubeconfig, node_name, log, args.cert_dir)
         except (ApiError, RuntimeError) as err:
             log(f'"command failed" err="failed to run Kubelet: TLS bootstrap: {err}"')
             return 1
