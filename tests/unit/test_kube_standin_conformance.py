@@ -337,6 +337,31 @@ def test_deployment_rollout_and_wait(lab: Lab) -> None:
     )
 
 
+def test_service_endpoints(lab: Lab) -> None:
+    """Concepts "Service" and "EndpointSlices": the controllers list the ready pods behind a Service's
+    selector (named target ports resolved from the pods); default/kubernetes points at the API server."""
+    lab.kubectl("create", "deployment", "svcd", "--image=nginx:1.27", "--replicas=2", "--port=80")
+    lab.kubectl("expose", "deployment", "svcd", "--port=8080", "--target-port=80")
+    lab.kubectl("rollout", "status", "deployment/svcd", "--timeout=20s")
+
+    def ready_ips() -> list[str]:
+        eps = lab.admin.ok(
+            "GET",
+            "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices"
+            "?labelSelector=kubernetes.io/service-name%3Dsvcd",
+        )["items"]
+        return [a for s in eps for e in s["endpoints"] if e["conditions"]["ready"] for a in e["addresses"]]
+
+    ips = lab.wait(lambda: len(ready_ips()) == 2 and ready_ips())
+    pods = lab.admin.ok("GET", "/api/v1/namespaces/default/pods?labelSelector=app%3Dsvcd")["items"]
+    assert sorted(ips) == sorted(p["status"]["podIP"] for p in pods)
+    ep = lab.admin.ok("GET", "/api/v1/namespaces/default/endpoints/svcd")
+    assert ep["subsets"][0]["ports"] == [{"port": 80, "protocol": "TCP"}]
+    api_ep = lab.admin.ok("GET", "/api/v1/namespaces/default/endpoints/kubernetes")
+    assert api_ep["subsets"][0]["ports"][0]["port"] == lab.api.port
+    lab.kubectl("delete", "deployment,service", "svcd")
+
+
 def test_watch_stream(lab: Lab) -> None:
     """API Concepts "Efficient detection of changes": ?watch=1 from a resourceVersion streams ADDED / MODIFIED
     / DELETED events, newline-delimited JSON, ending at timeoutSeconds."""

@@ -522,7 +522,7 @@ class Api:
                     "the object has been modified; please apply "
                     "your changes to the latest version and try again",
                 )
-            if subresource == "status":
+            if subresource in ("status", "approval"):
                 new = copy.deepcopy(old)
                 if "status" in obj:
                     new["status"] = obj["status"]
@@ -551,7 +551,7 @@ class Api:
                     nmeta[field] = ometa[field]
                 else:
                     nmeta.pop(field, None)
-            if subresource != "status" and "managedFields" not in nmeta and "managedFields" in ometa:
+            if not subresource and "managedFields" not in nmeta and "managedFields" in ometa:
                 nmeta["managedFields"] = ometa["managedFields"]
             if ometa.get("deletionTimestamp") and set(nmeta.get("finalizers") or []) - set(
                 ometa.get("finalizers") or []

@@ -47,6 +47,8 @@ class Server:
             with open(ca_file, encoding="utf-8") as fh:
                 self.ca_pem = fh.read()
         self.address = address
+        self.port = 6443
+        self.advertise = ""
         self.started = time.time()
         self._bootstrap()
         from .controllers import Controllers
@@ -113,6 +115,18 @@ class Server:
                     },
                 },
             )
+
+    def advertise_ip(self) -> str:
+        """The address other hosts reach this server on (default/kubernetes endpoints)."""
+        if self.advertise:
+            return self.advertise
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+                sock.connect(("10.255.255.255", 1))  # no packet is sent: only picks the outgoing interface
+                self.advertise = str(sock.getsockname()[0])
+        except OSError:
+            self.advertise = "127.0.0.1"
+        return self.advertise
 
     # -------------------------------------------------------------- discovery documents
     def api_versions(self) -> dict[str, Any]:
@@ -536,7 +550,9 @@ class Handler(BaseHTTPRequestHandler):
                 return self._send_json(200, api.scale(res, namespace, name, body))
             return self._send_json(
                 200,
-                api.update(res, namespace, name, body, "status" if sub == "status" else "", dry_run, manager),
+                api.update(
+                    res, namespace, name, body, sub if sub in ("status", "approval") else "", dry_run, manager
+                ),
             )
         if method == "PATCH":
             ctype = self.headers.get("Content-Type", "application/merge-patch+json")
@@ -556,7 +572,7 @@ class Handler(BaseHTTPRequestHandler):
                 name,
                 ctype,
                 raw,
-                "status" if sub == "status" else "",
+                sub if sub in ("status", "approval") else "",
                 dry_run,
                 manager,
                 query.get("force") == "true",
@@ -779,9 +795,10 @@ def serve(
             orig(request, client_address)
 
         httpd.finish_request = finish_request  # type: ignore[method-assign]
-    server.address = (
-        f"{bind if bind not in ('0.0.0.0', '::') else socket.gethostname()}:{httpd.server_address[1]}"
-    )
+    server.port = int(httpd.server_address[1])
+    if bind not in ("0.0.0.0", "::"):
+        server.advertise = bind
+    server.address = f"{server.advertise_ip()}:{server.port}"
     return httpd
 
 
@@ -811,7 +828,8 @@ def main(argv: list[str] | None = None) -> None:
         args.verbose,
     )
     if args.advertise_address:
-        server.address = f"{args.advertise_address}:{args.port}"
+        server.advertise = args.advertise_address
+        server.address = f"{args.advertise_address}:{server.port}"
     server.controllers.start()
     stop = threading.Event()
 

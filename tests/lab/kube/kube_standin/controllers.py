@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from .api import int_or_percent, pod_ready
 from .errors import ApiError
 from .resources import Resource
+from .selectors import labels_match
 from .store import now_iso
 
 if TYPE_CHECKING:
@@ -230,6 +231,7 @@ class Controllers:
                     self.schedule,
                     self.workload_status,
                     self.pdbs,
+                    self.endpoints,
                 ):
                     try:
                         step()
@@ -1053,3 +1055,130 @@ class Controllers:
             ]
             st["conditions"][0]["observedGeneration"] = st["observedGeneration"]
             self._save_status("policy", "poddisruptionbudgets", pdb, st)
+
+    # ------------------------------------------------------------------ endpoints
+    def endpoints(self) -> None:
+        """Endpoints and EndpointSlice controllers: ready (and not-ready) pod IPs behind each Service with a
+        selector; the API server's own endpoint behind default/kubernetes."""
+        for svc in self._list("", "services"):
+            meta, spec = svc["metadata"], svc.get("spec") or {}
+            ns, name = meta["namespace"], meta["name"]
+            ports = spec.get("ports") or []
+            targets: list[tuple[dict[str, Any], bool]] = []
+            svc_ports: list[dict[str, Any]] = []
+            if ns == "default" and name == "kubernetes":
+                targets = [({"ip": self.srv.advertise_ip()}, True)]
+                svc_ports = [{"name": "https", "port": self.srv.port, "protocol": "TCP"}]
+            elif spec.get("selector"):
+                reqs = [(k, "=", [str(v)]) for k, v in spec["selector"].items()]
+                pods = [
+                    p
+                    for p in self._list("", "pods", ns)
+                    if labels_match(reqs, p["metadata"].get("labels"))
+                    and (p.get("status") or {}).get("podIP")
+                    and not p["metadata"].get("deletionTimestamp")
+                ]
+                for port in ports:
+                    target = port.get("targetPort", port.get("port"))
+                    number = target if isinstance(target, int) else self._named_port(pods, str(target))
+                    if number is not None:
+                        entry = {"port": number, "protocol": port.get("protocol", "TCP")}
+                        if port.get("name"):
+                            entry["name"] = port["name"]
+                        svc_ports.append(entry)
+                for pod in sorted(pods, key=lambda p: (p["status"]["podIP"], p["metadata"]["name"])):
+                    ref = {
+                        "kind": "Pod",
+                        "namespace": ns,
+                        "name": pod["metadata"]["name"],
+                        "uid": pod["metadata"]["uid"],
+                    }
+                    addr = {
+                        "ip": pod["status"]["podIP"],
+                        "nodeName": pod["spec"].get("nodeName"),
+                        "targetRef": ref,
+                    }
+                    targets.append((addr, pod_ready(pod)))
+            else:
+                continue
+            self._save_endpoints(svc, targets, svc_ports)
+
+    @staticmethod
+    def _named_port(pods: list[dict[str, Any]], name: str) -> int | None:
+        for pod in pods:
+            for ctr in pod["spec"].get("containers") or []:
+                for port in ctr.get("ports") or []:
+                    if port.get("name") == name:
+                        return int(port["containerPort"])
+        return None
+
+    def _save_endpoints(
+        self, svc: dict[str, Any], targets: list[tuple[dict[str, Any], bool]], ports: list[dict[str, Any]]
+    ) -> None:
+        meta = svc["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        subset: dict[str, Any] = {}
+        ready = [a for a, ok in targets if ok]
+        not_ready = [a for a, ok in targets if not ok]
+        if ready:
+            subset["addresses"] = ready
+        if not_ready:
+            subset["notReadyAddresses"] = not_ready
+        labels = dict(meta.get("labels") or {})
+        body: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Endpoints",
+            "metadata": {"name": name, "namespace": ns, "labels": labels},
+        }
+        if subset and ports:
+            body["subsets"] = [{**subset, "ports": ports}]
+        self._upsert(self.r("", "endpoints"), ns, name, body)
+        default_api = name == "kubernetes" and ns == "default"
+        slice_name = name if default_api else f"{name}-{safe_hash(meta['uid'], 5)}"
+        eps = []
+        for addr, ok in targets:
+            ep: dict[str, Any] = {
+                "addresses": [addr["ip"]],
+                "conditions": {"ready": ok, "serving": ok, "terminating": False},
+            }
+            if addr.get("nodeName"):
+                ep["nodeName"] = addr["nodeName"]
+            if addr.get("targetRef"):
+                ep["targetRef"] = addr["targetRef"]
+            eps.append(ep)
+        manager = (
+            "endpointslice-controller.k8s.io"
+            if not default_api
+            else "endpointslicemirroring-controller.k8s.io"
+        )
+        slice_meta: dict[str, Any] = {
+            "name": slice_name,
+            "namespace": ns,
+            "labels": {
+                **labels,
+                "kubernetes.io/service-name": name,
+                "endpointslice.kubernetes.io/managed-by": manager,
+            },
+        }
+        if not default_api:
+            slice_meta["ownerReferences"] = [_owner_ref(svc)]
+        body = {
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": slice_meta,
+            "addressType": "IPv4",
+            "endpoints": eps,
+            "ports": ports,
+        }
+        self._upsert(self.r("discovery.k8s.io", "endpointslices"), ns, slice_name, body)
+
+    def _upsert(self, res: Resource, ns: str, name: str, body: dict[str, Any]) -> None:
+        current = self.store.get(res.group, res.plural, ns, name)
+        if current is None:
+            self.api.create(res, ns, body)
+            return
+        new = {k: v for k, v in body.items() if k != "metadata"}
+        new["metadata"] = {**current["metadata"], "labels": body["metadata"].get("labels", {})}
+        if "ownerReferences" in body["metadata"]:
+            new["metadata"]["ownerReferences"] = body["metadata"]["ownerReferences"]
+        self.api.update(res, ns, name, new)

@@ -244,6 +244,7 @@ class FakeKubelet:
         self.nodes = nodes  # name -> {"labels":..., "taints":..., "gpus": int, "ready": bool}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="fake-kubelet", daemon=True)
+        self._next_ip = 10
 
     def register(self) -> None:
         for name, cfg in self.nodes.items():
@@ -319,7 +320,7 @@ class FakeKubelet:
             status = {
                 "phase": "Running",
                 "hostIP": self.nodes[node].get("ip", "10.89.42.11"),
-                "podIP": "10.244.0.10",
+                "podIP": f"10.244.{self._next_ip // 250}.{self._next_ip % 250 + 2}",
                 "startTime": now,
                 "conditions": [
                     {"type": t, "status": "True", "lastProbeTime": None, "lastTransitionTime": now}
@@ -345,6 +346,7 @@ class FakeKubelet:
                     for c in pod["spec"]["containers"]
                 ],
             }
+            self._next_ip += 1
             ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
             self.client.request(
                 "PATCH",
