@@ -533,7 +533,8 @@ def test_pod_log_and_events(lab: Lab) -> None:
 
 def test_rbac_least_privilege_and_tokens(lab: Lab) -> None:
     """Access "Using RBAC Authorization" (Role/RoleBinding grant verbs on resources, resourceNames and
-    subresources; everything else is 403 Forbidden), "Authenticating": X509 client certs (CN user, O groups),
+    subresources; everything else is 403 Forbidden; "Privilege escalation prevention": roles and bindings
+    grant no more than their author holds), "Authenticating": X509 client certs (CN user, O groups),
     ServiceAccount tokens from the TokenRequest API, bootstrap tokens; an invalid bearer token is 401."""
     code, body = lab.alice.request("GET", "/api/v1/namespaces/default/pods")
     assert code == 403 and body["reason"] == "Forbidden" and 'User "alice"' in body["message"]
@@ -544,6 +545,31 @@ def test_rbac_least_privilege_and_tokens(lab: Lab) -> None:
     assert lab.alice.request("DELETE", "/api/v1/namespaces/default/pods/x")[0] == 403
     assert lab.kubectl("auth", "can-i", "delete", "pods", user="alice", check=False).stdout.strip() == "no"
     assert lab.kubectl("auth", "can-i", "list", "pods", user="alice").stdout.strip() == "yes"
+    # escalation prevention: holding create on roles/rolebindings is not enough to grant more than one holds
+    lab.kubectl("create", "role", "rbac-writer", "--verb=create", "--resource=roles,rolebindings")
+    lab.kubectl("create", "rolebinding", "rbac-writer", "--role=rbac-writer", "--user=alice")
+    role = {
+        "metadata": {"name": "more"},
+        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]}],
+    }
+    code, body = lab.alice.request(
+        "POST", "/apis/rbac.authorization.k8s.io/v1/namespaces/default/roles", role
+    )
+    assert code == 403 and "attempting to grant RBAC permissions not currently held" in body["message"]
+    role["rules"][0]["verbs"] = ["get"]
+    assert (
+        lab.alice.request("POST", "/apis/rbac.authorization.k8s.io/v1/namespaces/default/roles", role)[0]
+        == 201
+    )
+    binding = {
+        "metadata": {"name": "b"},
+        "subjects": [{"kind": "User", "name": "bob"}],
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
+    }
+    path = "/apis/rbac.authorization.k8s.io/v1/namespaces/default/rolebindings"
+    assert lab.alice.request("POST", path, binding)[0] == 403
+    binding["roleRef"] = {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "more"}
+    assert lab.alice.request("POST", path, binding)[0] == 201
     lab.kubectl("create", "serviceaccount", "agent")
     lab.kubectl("create", "rolebinding", "agent", "--clusterrole=view", "--serviceaccount=default:agent")
     token = lab.kubectl("create", "token", "agent").stdout.strip()

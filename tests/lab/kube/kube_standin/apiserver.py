@@ -22,7 +22,17 @@ from urllib.parse import parse_qs, urlsplit
 
 from . import SERVER_VERSION, openapi, protobuf, tables
 from .api import Api
-from .auth import ANONYMOUS, BOOTSTRAP_BINDINGS, BOOTSTRAP_CLUSTER_ROLES, Authenticator, Authorizer, User
+from .auth import (
+    ANONYMOUS,
+    BOOTSTRAP_BINDINGS,
+    BOOTSTRAP_CLUSTER_ROLES,
+    MASTERS,
+    RBAC_GROUP,
+    Authenticator,
+    Authorizer,
+    User,
+    escalation_check,
+)
 from .errors import ApiError
 from .resources import Registry, Resource
 from .selectors import fields_match, labels_match, parse_field_selector, parse_label_selector
@@ -80,7 +90,7 @@ class Server:
                         "rules": rules,
                     },
                 )
-        for name, (role, groups) in BOOTSTRAP_BINDINGS.items():
+        for name, (role, subjects) in BOOTSTRAP_BINDINGS.items():
             if self.store.get(crb.group, crb.plural, "", name) is None:
                 self.api.create(
                     crb,
@@ -93,8 +103,8 @@ class Server:
                             "name": role,
                         },
                         "subjects": [
-                            {"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": g}
-                            for g in groups
+                            {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": who}
+                            for kind, who in subjects
                         ],
                     },
                 )
@@ -543,9 +553,11 @@ class Handler(BaseHTTPRequestHandler):
                 return self._send_json(201, self._review(res, namespace, body, user))
             if sub:
                 raise ApiError.method_not_allowed()
+            self._no_escalation(res, namespace, body, user)
             return self._send_json(201, api.create(res, namespace, body, dry_run, manager))
         if method == "PUT":
             body = self._json_body(raw) or {}
+            self._no_escalation(res, namespace, body, user)
             if sub == "scale":
                 return self._send_json(200, api.scale(res, namespace, name, body))
             return self._send_json(
@@ -566,6 +578,9 @@ class Handler(BaseHTTPRequestHandler):
                     else _merge.json_patch(current, json.loads(raw or b"[]"))
                 )
                 return self._send_json(200, api.scale(res, namespace, name, patched))
+            if res.group == RBAC_GROUP and MASTERS not in user.groups:
+                preview, _ = api.patch(res, namespace, name, ctype, raw, "", True, manager)
+                self._no_escalation(res, namespace, preview, user)
             obj, created = api.patch(
                 res,
                 namespace,
@@ -597,6 +612,20 @@ class Handler(BaseHTTPRequestHandler):
                 )
             return self._send_json(200, api.delete(res, namespace, name, options, dry_run))
         raise ApiError.method_not_allowed()
+
+    def _no_escalation(self, res: Resource, namespace: str, body: Any, user: User) -> None:
+        if res.group != RBAC_GROUP or not isinstance(body, dict):
+            return
+        body.setdefault("metadata", {})
+        why = escalation_check(self.srv.authz, user, res.plural, namespace, body)
+        if why:
+            name = body["metadata"].get("name", "")
+            raise ApiError(
+                403,
+                "Forbidden",
+                f'{res.plural}.{res.group} "{name}" is forbidden: {why}',
+                {"name": name, "group": res.group, "kind": res.plural},
+            )
 
     def _token_request(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
         sa = self.srv.api.get(self.srv.api.builtin("", "serviceaccounts"), namespace, name)

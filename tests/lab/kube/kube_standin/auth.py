@@ -438,12 +438,166 @@ BOOTSTRAP_CLUSTER_ROLES: dict[str, list[dict[str, Any]]] = {
         }
     ],
 }
-BOOTSTRAP_BINDINGS: dict[str, tuple[str, list[str]]] = {
-    "cluster-admin": ("cluster-admin", ["system:masters"]),
-    "system:discovery": ("system:discovery", ["system:authenticated"]),
-    "system:basic-user": ("system:basic-user", ["system:authenticated"]),
+BOOTSTRAP_CLUSTER_ROLES.update(
+    {
+        "system:node-proxier": [
+            {"apiGroups": [""], "resources": ["endpoints", "services"], "verbs": ["list", "watch"]},
+            {"apiGroups": [""], "resources": ["nodes"], "verbs": READ},
+            {
+                "apiGroups": ["", "events.k8s.io"],
+                "resources": ["events"],
+                "verbs": ["create", "patch", "update"],
+            },
+            {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]},
+        ],
+        "system:certificates.k8s.io:certificatesigningrequests:nodeclient": [
+            {
+                "apiGroups": ["certificates.k8s.io"],
+                "resources": ["certificatesigningrequests/nodeclient"],
+                "verbs": ["create"],
+            }
+        ],
+        "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient": [
+            {
+                "apiGroups": ["certificates.k8s.io"],
+                "resources": ["certificatesigningrequests/selfnodeclient"],
+                "verbs": ["create"],
+            }
+        ],
+        "system:auth-delegator": [
+            {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
+            {
+                "apiGroups": ["authorization.k8s.io"],
+                "resources": ["subjectaccessreviews"],
+                "verbs": ["create"],
+            },
+        ],
+        "system:monitoring": [
+            {
+                "nonResourceURLs": [
+                    "/healthz",
+                    "/healthz/*",
+                    "/livez",
+                    "/livez/*",
+                    "/readyz",
+                    "/readyz/*",
+                    "/metrics",
+                    "/metrics/slis",
+                ],
+                "verbs": ["get"],
+            }
+        ],
+        # reduced: the real roles list each resource the component touches
+        "system:kube-controller-manager": [
+            {"apiGroups": ["*"], "resources": ["*"], "verbs": READ},
+            {
+                "apiGroups": ["", "events.k8s.io"],
+                "resources": ["events"],
+                "verbs": ["create", "patch", "update"],
+            },
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": [*READ, *EDIT]},
+            {
+                "apiGroups": [""],
+                "resources": ["secrets", "serviceaccounts", "serviceaccounts/token"],
+                "verbs": ["create", "update", "delete"],
+            },
+            {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
+            {
+                "apiGroups": ["authorization.k8s.io"],
+                "resources": ["subjectaccessreviews"],
+                "verbs": ["create"],
+            },
+        ],
+        "system:kube-scheduler": [
+            {"apiGroups": ["*"], "resources": ["*"], "verbs": READ},
+            {
+                "apiGroups": ["", "events.k8s.io"],
+                "resources": ["events"],
+                "verbs": ["create", "patch", "update"],
+            },
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": [*READ, *EDIT]},
+            {"apiGroups": [""], "resources": ["pods/binding", "bindings"], "verbs": ["create"]},
+            {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch", "update"]},
+        ],
+    }
+)
+# binding name -> (ClusterRole, subjects as (kind, name))
+BOOTSTRAP_BINDINGS: dict[str, tuple[str, list[tuple[str, str]]]] = {
+    "system:monitoring": ("system:monitoring", [("Group", "system:monitoring")]),
+    "system:kube-controller-manager": (
+        "system:kube-controller-manager",
+        [("User", "system:kube-controller-manager")],
+    ),
+    "system:kube-scheduler": ("system:kube-scheduler", [("User", "system:kube-scheduler")]),
+    "cluster-admin": ("cluster-admin", [("Group", "system:masters")]),
+    "system:discovery": ("system:discovery", [("Group", "system:authenticated")]),
+    "system:basic-user": ("system:basic-user", [("Group", "system:authenticated")]),
     "system:public-info-viewer": (
         "system:public-info-viewer",
-        ["system:authenticated", "system:unauthenticated"],
+        [("Group", "system:authenticated"), ("Group", "system:unauthenticated")],
     ),
 }
+
+
+# ------------------------------------------------------------------ privilege escalation prevention
+
+RBAC_GROUP = "rbac.authorization.k8s.io"
+
+
+def _covers(held: list[dict[str, Any]], rule: dict[str, Any]) -> list[str]:
+    """The parts of rule no held rule grants (empty when fully covered), as "verb group/resource[/name]"."""
+    missing: list[str] = []
+    for verb in rule.get("verbs") or []:
+        urls = rule.get("nonResourceURLs") or []
+        for url in urls:
+            if not any(_rule_matches(h, verb, "", "", "", "", url) for h in held):
+                missing.append(f"{verb} {url}")
+        for group in rule.get("apiGroups") or ([] if urls else [""]):
+            for resource in rule.get("resources") or []:
+                for name in rule.get("resourceNames") or [""]:
+                    if not any(_held_covers(h, verb, group, resource, name) for h in held):
+                        missing.append(f"{verb} {group or 'core'}/{resource}{'/' + name if name else ''}")
+    return missing
+
+
+def _held_covers(h: dict[str, Any], verb: str, group: str, resource: str, name: str) -> bool:
+    if "*" not in (h.get("verbs") or []) and verb not in (h.get("verbs") or []):
+        return False
+    if "*" not in (h.get("apiGroups") or []) and group not in (h.get("apiGroups") or []):
+        return False
+    res = h.get("resources") or []
+    _, _, sub = resource.partition("/")
+    if not ("*" in res or resource in res or (sub and f"*/{sub}" in res)):
+        return False
+    names = h.get("resourceNames") or []
+    return not names or (bool(name) and name in names)
+
+
+def escalation_check(authz: Authorizer, user: User, plural: str, namespace: str, obj: dict[str, Any]) -> str:
+    """RBAC's escalation prevention ("Privilege escalation prevention and bootstrapping"): a Role or
+    ClusterRole may only grant what its author holds (or has `escalate` on roles); a binding needs `bind` on
+    the role or every permission in it. Returns the reason to refuse, or ""."""
+    if MASTERS in user.groups:
+        return ""
+    held = authz.rules_for(user, namespace)
+    if plural in ("roles", "clusterroles"):
+        if authz.allowed(
+            user, "escalate", RBAC_GROUP, plural, "", namespace, obj["metadata"].get("name", "")
+        ):
+            return ""
+        rules = list(obj.get("rules") or [])
+    elif plural in ("rolebindings", "clusterrolebindings"):
+        ref = obj.get("roleRef") or {}
+        ref_plural = "clusterroles" if ref.get("kind") == "ClusterRole" else "roles"
+        if authz.allowed(user, "bind", RBAC_GROUP, ref_plural, "", namespace, ref.get("name", "")):
+            return ""
+        rules = authz._role_rules(ref, namespace)
+    else:
+        return ""
+    missing = [m for rule in rules for m in _covers(held, rule)]
+    if not missing:
+        return ""
+    return (
+        f'user "{user.name}" (groups={json.dumps(user.groups)}) is attempting to grant RBAC permissions '
+        f"not currently held: {'; '.join(missing[:20])}"
+    )
