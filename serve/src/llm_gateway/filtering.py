@@ -81,52 +81,69 @@ class ChoiceFilter:
     def feed_choice(self, choice: dict[str, Any], chat: bool) -> tuple[bool, bool]:
         """Filter one chunk's choice in place; (whether it carried text, whether anything is sent)."""
         finishing = choice.get("finish_reason") is not None
-        key = "content" if chat else "text"
         if chat:
+            key = "content"
             holder = choice.get("delta")
             if not isinstance(holder, dict):
                 holder = choice["delta"] = {}
         else:
+            key = "text"
             holder = choice
         text = holder.get(key)
-        carried = isinstance(text, str) and bool(text)
-        sent = self.text.feed(text) if isinstance(text, str) and text else ""
+        flt = self.text
+        if isinstance(text, str) and text:
+            carried = True
+            sent = flt.feed(text)
+        else:
+            carried = False
+            sent = ""
         if finishing:
-            sent += self.text.flush()  # the end of the answer: the held-back tail goes now
-        if isinstance(text, str) or sent:
+            sent += flt.flush()  # the end of the answer: the held-back tail goes now
+        if sent or isinstance(text, str):
             holder[key] = sent
         any_sent = bool(sent)
-        if chat:
-            calls = holder.get("tool_calls")
-            for call in calls if isinstance(calls, list) else []:
-                function = call.get("function") if isinstance(call, dict) else None
-                if not isinstance(function, dict):
-                    continue
-                name = function.get("name")
-                if isinstance(name, str) and name:
-                    result = self._safety.check(name)
-                    if result.hit:
-                        self.hit = True
-                        self.blocked = self.blocked or self._safety.action == BLOCK
-                        function["name"] = result.text
-                    any_sent = True
-                arguments = function.get("arguments")
-                if isinstance(arguments, str) and arguments:
-                    carried = True
-                    index = call.get("index", 0)
-                    flt = self.args.get(index)
-                    if flt is None:
-                        flt = self.args[index] = self._new()
-                    function["arguments"] = flt.feed(arguments)
-                    any_sent = any_sent or bool(function["arguments"])
-            if finishing:
-                rest = self.flush_arguments()
-                if rest:
-                    holder["tool_calls"] = self._merge(holder.get("tool_calls"), rest)
-                    any_sent = True
-        self.hit = self.hit or self.text.hit or any(f.hit for f in self.args.values())
-        self.blocked = self.blocked or self.text.blocked or any(f.blocked for f in self.args.values())
+        if flt.hit:
+            self.hit = True
+            self.blocked = self.blocked or flt.blocked
+        if chat and ("tool_calls" in holder or (finishing and self.args)):
+            calls_carried, calls_sent = self._feed_calls(holder, finishing)
+            carried = carried or calls_carried
+            any_sent = any_sent or calls_sent
         return carried, any_sent
+
+    def _feed_calls(self, delta: dict[str, Any], finishing: bool) -> tuple[bool, bool]:
+        carried = sent = False
+        calls = delta.get("tool_calls")
+        for call in calls if isinstance(calls, list) else []:
+            function = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(function, dict):
+                continue
+            name = function.get("name")
+            if isinstance(name, str) and name:
+                result = self._safety.check(name)
+                if result.hit:
+                    self.hit = True
+                    self.blocked = self.blocked or self._safety.action == BLOCK
+                    function["name"] = result.text
+                sent = True
+            arguments = function.get("arguments")
+            if isinstance(arguments, str) and arguments:
+                carried = True
+                index = call.get("index", 0)
+                flt = self.args.get(index)
+                if flt is None:
+                    flt = self.args[index] = self._new()
+                function["arguments"] = flt.feed(arguments)
+                sent = sent or bool(function["arguments"])
+                if flt.hit:
+                    self.hit = True
+                    self.blocked = self.blocked or flt.blocked
+        if finishing:
+            rest = self.flush_arguments()
+            if rest:
+                delta["tool_calls"] = self._merge(delta.get("tool_calls"), rest)
+                sent = True
+        return carried, sent
 
     def flush_arguments(self) -> list[dict[str, Any]]:
         """Held-back argument tails as tool-call deltas."""

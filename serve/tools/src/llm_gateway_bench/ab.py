@@ -3,9 +3,10 @@
 Two comparisons, each in many short rounds whose order alternates, so that load from other work
 on the machine falls on both sides alike; the medians of the per-round pairs are the result:
 
-- stream chunks/s through the gateway installed here against a gateway run from another source
-  tree (`DIR`, e.g. `git archive REV serve | tar -x -C /tmp/old` then `/tmp/old/serve/src`): same
-  simulator, same configuration, 32 streams of 512 tokens;
+- p50 at 200 req/s (non-streaming), and stream chunks/s (32 streams of 512 tokens), through the
+  gateway installed here against a gateway run from another source tree (`DIR`, e.g.
+  `git archive REV serve | tar -x -C /tmp/old` then `/tmp/old/serve/src`): same simulator, same
+  configuration;
 - p50 at 200 req/s straight to the simulator through the gateway's own upstream client and
   through aiohttp's.
 
@@ -73,21 +74,30 @@ def main(argv: list[str] | None = None) -> int:
         other_target = Target("other", _wait_port_file(ports_file, other)["listen"], gateway.headers)
         import uvloop
 
-        async def run() -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+        async def run() -> tuple[dict[str, list[float]], ...]:
             await bench.configure_sim(sim_port, ttft_s=0.0, itl_s=0.0, reply=None, default_max_tokens=16)
+            print("p50 at 200 req/s, this gateway against the other", file=sys.stderr)
+            gateways = await _rounds(
+                bench, {"this": gateway, "other": other_target}, args.rounds, stream=False
+            )
             print("stream chunks/s, this gateway against the other", file=sys.stderr)
             chunks = await _rounds(bench, {"this": gateway, "other": other_target}, args.rounds, stream=True)
             print("p50 at 200 req/s, own client against aiohttp", file=sys.stderr)
             p50 = await _rounds(bench, {"own": direct, "aiohttp": aio}, args.rounds, stream=False)
-            return chunks, p50
+            return gateways, chunks, p50
 
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            chunks, p50 = runner.run(run())
+            gateways, chunks, p50 = runner.run(run())
     finally:
         bench.stop()
     ratio = statistics.median(t / o for t, o in zip(chunks["this"], chunks["other"], strict=True))
     gap = statistics.median(a - o for a, o in zip(p50["aiohttp"], p50["own"], strict=True))
-    print(json.dumps({"chunks_per_s": chunks, "p50_ms": p50}))
+    added = statistics.median(t - o for t, o in zip(gateways["this"], gateways["other"], strict=True))
+    print(json.dumps({"gateway_p50_ms": gateways, "chunks_per_s": chunks, "client_p50_ms": p50}))
+    print(
+        f"gateway p50 at 200 req/s median: this {statistics.median(gateways['this']):.3f} ms, "
+        f"other {statistics.median(gateways['other']):.3f} ms; paired difference {added:+.3f} ms"
+    )
     print(
         f"stream chunks/s median: this {statistics.median(chunks['this']):,.0f}, "
         f"other {statistics.median(chunks['other']):,.0f}; paired ratio this/other {ratio:.3f}"
