@@ -37,6 +37,8 @@ NODES = {
     "gpu-node-2": {"gpus": 4, "ip": "10.89.42.12", "labels": {"gpu": "a100"}},
     "gpu-node-3": {"gpus": 4, "ip": "10.89.42.13", "labels": {"gpu": "a100"}},
 }
+# a node whose kubelet went silent: registered by the fixture, checked and removed by test_silent_node_...
+SILENT = {"gpu-node-9": {"gpus": 4, "ip": "10.89.42.19", "heartbeat": False}}
 
 
 class Lab:
@@ -55,7 +57,7 @@ class Lab:
         self.alice = Client(self.api, "alice")
         self.kubeconfigs = {u: self.api.kubeconfig(tmp / f"{u}.conf", u) for u in ("admin", "alice")}
         self.kubectl_bin = kubectl_bin
-        self.kubelet = FakeKubelet(self.admin, NODES)
+        self.kubelet = FakeKubelet(self.admin, {**NODES, **SILENT})
         self.kubelet.start()
 
     def kubectl(
@@ -152,6 +154,30 @@ def test_discovery_version_health(lab: Lab) -> None:
         == 406
     )
     assert lab.admin.request("GET", "/openapi/v3")[1]["paths"]["apis/apps/v1"]["serverRelativeURL"]
+
+
+def test_silent_node_goes_unknown_and_tainted(lab: Lab) -> None:
+    """Node controller ("Nodes": node heartbeats, --node-monitor-grace-period): a node whose kubelet stopped
+    renewing its Lease and Ready heartbeat gets Ready=Unknown (NodeStatusUnknown) and the
+    node.kubernetes.io/unreachable NoSchedule/NoExecute taints ("Taints and Tolerations": taint-based
+    evictions); kubectl shows it NotReady; nothing new is scheduled there."""
+
+    def node() -> dict[str, Any]:
+        return lab.admin.ok("GET", "/api/v1/nodes/gpu-node-9")
+
+    lab.wait(lambda: len(node()["spec"].get("taints", [])) == 2)
+    ready = next(c for c in node()["status"]["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("Unknown", "NodeStatusUnknown")
+    taints = {(t["key"], t["effect"]) for t in node()["spec"]["taints"]}
+    assert taints == {
+        ("node.kubernetes.io/unreachable", "NoSchedule"),
+        ("node.kubernetes.io/unreachable", "NoExecute"),
+    }
+    assert "gpu-node-9   NotReady" in lab.kubectl("get", "nodes").stdout
+    live = lab.admin.ok("GET", "/api/v1/nodes/gpu-node-2")
+    assert next(c for c in live["status"]["conditions"] if c["type"] == "Ready")["status"] == "True"
+    lab.kubectl("delete", "node", "gpu-node-9")
+    del lab.kubelet.nodes["gpu-node-9"]
 
 
 def test_error_status_shapes(lab: Lab) -> None:
@@ -521,10 +547,10 @@ def test_pod_log_and_events(lab: Lab) -> None:
     assert "Successfully assigned default/logme" in lab.kubectl("get", "events").stdout
     assert lab.admin.ok("GET", "/apis/events.k8s.io/v1/events")["kind"] == "EventList"
     lease = {
-        "metadata": {"name": "gpu-node-2"},
-        "spec": {"holderIdentity": "gpu-node-2", "leaseDurationSeconds": 40},
+        "metadata": {"name": "on-call-lock"},
+        "spec": {"holderIdentity": "alice", "leaseDurationSeconds": 40},
     }
-    lab.admin.ok("POST", "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases", lease)
+    lab.admin.ok("POST", "/apis/coordination.k8s.io/v1/namespaces/default/leases", lease)
     lab.kubectl("delete", "pod", "logme")
 
 

@@ -57,6 +57,7 @@ class Server:
             with open(ca_file, encoding="utf-8") as fh:
                 self.ca_pem = fh.read()
         self.address = address
+        self.node_grace = 50.0  # kube-controller-manager --node-monitor-grace-period (1.32+ default)
         self.port = 6443
         self.advertise = ""
         self.started = time.time()
@@ -841,6 +842,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--state-file", required=True)
     parser.add_argument("--service-account-key")
     parser.add_argument("--advertise-address", help="address put in /api's serverAddressByClientCIDRs")
+    parser.add_argument(
+        "--node-monitor-grace-period",
+        default="50s",
+        help="as kube-controller-manager's: how long a node may go without a heartbeat before it is Unknown",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log every request to stderr")
     args = parser.parse_args(argv)
     for opt in ("tls_cert", "tls_key", "client_ca"):
@@ -849,6 +855,13 @@ def main(argv: list[str] | None = None) -> None:
         except OSError as exc:
             parser.error(f"--{opt.replace('_', '-')}: {exc}")
     server = Server(args.state_file, args.service_account_key, args.client_ca)
+    grace = str(args.node_monitor_grace_period)
+    try:
+        server.node_grace = (
+            float(grace[:-1]) * (60 if grace.endswith("m") else 1) if grace[-1] in "sm" else float(grace)
+        )
+    except ValueError:
+        parser.error(f"--node-monitor-grace-period: not a duration: {grace!r} (e.g. 50s)")
     httpd = serve(
         args.bind,
         args.port,

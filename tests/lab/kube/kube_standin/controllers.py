@@ -6,12 +6,14 @@ Pods to nodes with room."""
 from __future__ import annotations
 
 import base64
+import calendar
 import contextlib
 import copy
 import hashlib
 import json
 import re
 import threading
+import time
 import traceback
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -32,6 +34,16 @@ WORKLOADS = ("ReplicaSet", "StatefulSet", "DaemonSet")
 def safe_hash(data: Any, length: int = 10) -> str:
     digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).digest()
     return "".join(SAFE[b % len(SAFE)] for b in digest[:length])
+
+
+def _epoch(stamp: Any) -> float:
+    """RFC 3339 (Time or MicroTime) -> seconds; 0 when absent or unreadable."""
+    if not isinstance(stamp, str) or len(stamp) < 19:
+        return 0.0
+    try:
+        return float(calendar.timegm(time.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S")))
+    except ValueError:
+        return 0.0
 
 
 def rand_suffix() -> str:
@@ -412,17 +424,48 @@ class Controllers:
 
     # ------------------------------------------------------------------ nodes
     def node_taints(self) -> None:
-        """Node lifecycle controller: taints from conditions and spec.unschedulable."""
+        """Node lifecycle controller: a node whose kubelet stopped posting (no Lease renewal nor Ready
+        heartbeat for --node-monitor-grace-period) gets its conditions set Unknown; taints mirror the Ready
+        condition (not-ready / unreachable, NoSchedule and NoExecute) and spec.unschedulable."""
+        now = time.time()
         for node in self._list("", "nodes"):
-            taints = [t for t in node.get("spec", {}).get("taints") or []]
-            want = list(taints)
-            ready = next(
-                (c for c in node.get("status", {}).get("conditions") or [] if c.get("type") == "Ready"), None
-            )
-            managed = {"node.kubernetes.io/not-ready", "node.kubernetes.io/unschedulable"}
-            want = [t for t in want if t.get("key") not in managed]
+            name = node["metadata"]["name"]
+            conditions = node.get("status", {}).get("conditions") or []
+            ready = next((c for c in conditions if c.get("type") == "Ready"), None)
+            if ready is not None and ready.get("status") != "Unknown":
+                lease = self.store.get("coordination.k8s.io", "leases", "kube-node-lease", name) or {}
+                beats = [
+                    _epoch(ready.get("lastHeartbeatTime")),
+                    _epoch((lease.get("spec") or {}).get("renewTime")),
+                ]
+                if now - max(beats) > self.srv.node_grace:
+                    status = copy.deepcopy(node.get("status") or {})
+                    for cond in status.get("conditions") or []:
+                        cond.update(
+                            {
+                                "status": "Unknown",
+                                "reason": "NodeStatusUnknown",
+                                "message": "Kubelet stopped posting node status.",
+                                "lastTransitionTime": now_iso(),
+                            }
+                        )
+                    self._save_status("", "nodes", node, status)
+                    node = self.api.get(self.r("", "nodes"), "", name)
+                    ready = next(c for c in node["status"]["conditions"] if c.get("type") == "Ready")
+            taints = list(node.get("spec", {}).get("taints") or [])
+            managed = {
+                "node.kubernetes.io/not-ready",
+                "node.kubernetes.io/unreachable",
+                "node.kubernetes.io/unschedulable",
+            }
+            want = [t for t in taints if t.get("key") not in managed]
             if ready is None or ready.get("status") != "True":
-                want.append({"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"})
+                key = (
+                    "node.kubernetes.io/unreachable"
+                    if ready and ready.get("status") == "Unknown"
+                    else ("node.kubernetes.io/not-ready")
+                )
+                want += [{"key": key, "effect": "NoSchedule"}, {"key": key, "effect": "NoExecute"}]
             if node.get("spec", {}).get("unschedulable"):
                 want.append({"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"})
 
@@ -434,13 +477,20 @@ class Controllers:
             if norm(want) != norm(taints):
                 for t in want:
                     if t.get("key") in managed:
-                        old = next((o for o in taints if o.get("key") == t["key"]), None)
+                        old = next(
+                            (
+                                o
+                                for o in taints
+                                if o.get("key") == t["key"] and o.get("effect") == t["effect"]
+                            ),
+                            None,
+                        )
                         t["timeAdded"] = (old or {}).get("timeAdded") or now_iso()
                 new = copy.deepcopy(node)
                 new["spec"]["taints"] = want
                 if not want:
                     new["spec"].pop("taints")
-                self.api.update(self.r("", "nodes"), "", node["metadata"]["name"], new)
+                self.api.update(self.r("", "nodes"), "", name, new)
 
     # ------------------------------------------------------------------ workloads
     def _pods_of(self, owner: dict[str, Any]) -> list[dict[str, Any]]:

@@ -271,6 +271,12 @@ class FakeKubelet:
         alloc = {"cpu": "16", "memory": "64Gi", "pods": "110", "nvidia.com/gpu": str(cfg.get("gpus", 0))}
         ready = cfg.get("ready", True)
         now = now_iso()
+        # a kubelet that went silent an hour ago ("heartbeat": False) posted its last status then
+        beat = (
+            now
+            if cfg.get("heartbeat", True)
+            else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 3600))
+        )
         return {
             "capacity": alloc,
             "allocatable": alloc,
@@ -280,8 +286,8 @@ class FakeKubelet:
                     "status": "True" if ready else "False",
                     "reason": "KubeletReady" if ready else "KubeletNotReady",
                     "message": "kubelet is posting ready status",
-                    "lastHeartbeatTime": now,
-                    "lastTransitionTime": now,
+                    "lastHeartbeatTime": beat,
+                    "lastTransitionTime": beat,
                 }
             ],
             "addresses": [
@@ -355,8 +361,31 @@ class FakeKubelet:
                 "application/merge-patch+json",
             )
 
+    def renew_leases(self) -> None:
+        """The kubelet's heartbeat: its Lease in kube-node-lease, renewed (real kubelets: every 10 s)."""
+        base = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases"
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
+        for name, cfg in self.nodes.items():
+            if not cfg.get("heartbeat", True):
+                continue
+            code, lease = self.client.request("GET", f"{base}/{name}")
+            if code == 404:
+                body = {
+                    "metadata": {"name": name},
+                    "spec": {"holderIdentity": name, "leaseDurationSeconds": 40, "renewTime": stamp},
+                }
+                self.client.request("POST", base, body)
+            elif code == 200:
+                lease["spec"]["renewTime"] = stamp
+                self.client.request("PUT", f"{base}/{name}", lease)
+
     def _loop(self) -> None:
+        last_renew = 0.0
         while not self._stop.wait(0.2):
+            if time.time() - last_renew > 2:
+                last_renew = time.time()
+                with contextlib.suppress(OSError, AssertionError):
+                    self.renew_leases()
             with contextlib.suppress(OSError, AssertionError):
                 self.sync_pods()
 
