@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 from fastapi import FastAPI
 from fastapi.responses import Response
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -67,6 +68,23 @@ def _body(schema_name: str) -> dict[str, Any]:
     }
 
 
+def _completion_route(what: str, request: type[BaseModel], response: type[BaseModel]) -> dict[str, Any]:
+    """The documentation of a completion endpoint (the body is read by the proxy, not by FastAPI)."""
+    return {
+        "summary": f"{what} completion (JSON, or server-sent events with `stream: true`)",
+        "openapi_extra": _body(request.__name__),
+        "response_model": None,
+        "responses": {
+            200: {
+                "model": response,
+                "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                "description": "The completion; X-LLM-Gateway-Fallback marks the canned fallback answer",
+            },
+            **_ERRORS,
+        },
+    }
+
+
 class MetricsMiddleware:
     """Times every request to the end of its response: http_request_duration_seconds."""
 
@@ -119,36 +137,12 @@ def create_public_app(gateway: Gateway) -> FastAPI:
         return _error_response(exc)
 
     @app.post(
-        "/v1/chat/completions",
-        summary="Chat completion (JSON, or server-sent events with `stream: true`)",
-        openapi_extra=_body("ChatCompletionRequest"),
-        response_model=None,
-        responses={
-            200: {
-                "model": ChatCompletionResponse,
-                "content": {"text/event-stream": {"schema": {"type": "string"}}},
-                "description": "The completion; X-LLM-Gateway-Fallback marks the canned fallback answer",
-            },
-            **_ERRORS,
-        },
+        "/v1/chat/completions", **_completion_route("Chat", ChatCompletionRequest, ChatCompletionResponse)
     )
     async def chat_completions(request: Request) -> Response:
         return await proxy.handle(request, chat=True)
 
-    @app.post(
-        "/v1/completions",
-        summary="Text completion (JSON, or server-sent events with `stream: true`)",
-        openapi_extra=_body("CompletionRequest"),
-        response_model=None,
-        responses={
-            200: {
-                "model": CompletionResponse,
-                "content": {"text/event-stream": {"schema": {"type": "string"}}},
-                "description": "The completion; X-LLM-Gateway-Fallback marks the canned fallback answer",
-            },
-            **_ERRORS,
-        },
-    )
+    @app.post("/v1/completions", **_completion_route("Text", CompletionRequest, CompletionResponse))
     async def completions(request: Request) -> Response:
         return await proxy.handle(request, chat=False)
 
