@@ -337,7 +337,9 @@ def _median(values: list[float]) -> float:
     return _percentile(values, 0.5)
 
 
-def render(results: dict[str, Any], command: str, wall_s: float) -> str:
+def render(
+    results: dict[str, Any], command: str, wall_s: float, load: tuple[float, float] | None = None
+) -> str:
     lat = results["latency_200"]
     p = {
         name: {q: _median([r[q] for r in runs]) for q in ("p50", "p90", "p99")} for name, runs in lat.items()
@@ -378,7 +380,9 @@ def render(results: dict[str, Any], command: str, wall_s: float) -> str:
         "## Gateway",
         "",
         f"Measured {time.strftime('%Y-%m-%d')} on {os.cpu_count()} CPU cores ({cpu}, "
-        f"Python {platform.python_version()}), in {wall_s:.0f} s. The simulator, the gateway "
+        f"Python {platform.python_version()}), in {wall_s:.0f} s"
+        + (f", load average {load[0]:.1f} before and {load[1]:.1f} after" if load else "")
+        + ". The simulator, the gateway "
         "(one worker process) and the load generator all share these cores, so the gateway never "
         "has a core to itself: read the figures as a floor. Every gateway feature is on: JWT (HS256) "
         "auth, input cleaning with HTML stripping, a 1,000-term safety list (mask), audit lines with "
@@ -386,7 +390,7 @@ def render(results: dict[str, Any], command: str, wall_s: float) -> str:
         "gateway runs alternate in the same run, against the same simulator (time to first token 0, "
         "16 tokens, unless stated).",
         "",
-        "Reproduce (from the repository root, with the serve package installed):",
+        "Reproduce (from the repository root, with serve/ and serve/tools/ installed):",
         "",
         "```",
         command,
@@ -503,6 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     bench = Bench(args.scale)
     started = time.monotonic()
+    load_before = os.getloadavg()[0]
     try:
         direct, gateway, aio, sim_port = bench.start()
         import uvloop
@@ -511,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
             results = runner.run(bench.run(direct, gateway, aio, sim_port))
     finally:
         bench.stop()
-    section = render(results, command, time.monotonic() - started)
+    section = render(results, command, time.monotonic() - started, (load_before, os.getloadavg()[0]))
     with contextlib.suppress(OSError):
         (bench.tmp / "results.json").write_text(json.dumps(results, indent=2))
     if args.no_write:
