@@ -8,6 +8,7 @@ it mirrors (kubernetes.io/docs/reference/using-api/api-concepts/ = "API Concepts
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -51,7 +52,9 @@ class Lab:
                 "alice": ("alice", ["oncall"]),
             },
         )
-        self.api = ApiProcess(self.pki, tmp / "state.json")
+        self.api = ApiProcess(
+            self.pki, tmp / "state.json", extra_args=["--allocate-node-cidrs", "--cluster-cidr=10.244.0.0/16"]
+        )
         self.api.start()
         self.admin = Client(self.api, "admin")
         self.alice = Client(self.api, "alice")
@@ -298,11 +301,17 @@ def test_kubectl_get_describe_tables(lab: Lab) -> None:
     describe reads the typed object; -o json gets the objects themselves."""
     out = lab.kubectl("get", "nodes").stdout
     assert out.split("\n")[0].split() == ["NAME", "STATUS", "ROLES", "AGE", "VERSION"]
-    assert "gpu-node-1   Ready    control-plane" in out
+    rows = {line.split()[0]: line.split()[1:3] for line in out.splitlines()[1:]}
+    assert rows["gpu-node-1"] == ["Ready", "control-plane"] and rows["gpu-node-2"] == ["Ready", "<none>"]
     items = json.loads(lab.kubectl("get", "nodes", "-o", "json").stdout)["items"]
     assert {n["status"]["allocatable"]["nvidia.com/gpu"] for n in items} == {"4"}
     desc = lab.kubectl("describe", "node", "gpu-node-2").stdout
     assert "nvidia.com/gpu:  4" in desc and "Ready" in desc
+    # node IPAM (kube-controller-manager --allocate-node-cidrs --cluster-cidr): one /24 per node
+    cidrs = [n["spec"].get("podCIDR") for n in items]
+    assert len(set(cidrs)) == len(cidrs) and all(
+        c.startswith("10.244.") and c.endswith(".0/24") for c in cidrs
+    )
 
 
 def test_kubectl_create_apply_server_side_delete(lab: Lab) -> None:
@@ -574,7 +583,7 @@ def test_rbac_least_privilege_and_tokens(lab: Lab) -> None:
     # escalation prevention: holding create on roles/rolebindings is not enough to grant more than one holds
     lab.kubectl("create", "role", "rbac-writer", "--verb=create", "--resource=roles,rolebindings")
     lab.kubectl("create", "rolebinding", "rbac-writer", "--role=rbac-writer", "--user=alice")
-    role = {
+    role: dict[str, Any] = {
         "metadata": {"name": "more"},
         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]}],
     }
@@ -621,6 +630,49 @@ def test_rbac_least_privilege_and_tokens(lab: Lab) -> None:
     boot = Client(lab.api, None, "abcdef.0123456789abcdef")
     info = boot.ok("POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews", {})["status"]["userInfo"]
     assert info["username"] == "system:bootstrap:abcdef" and "system:bootstrappers" in info["groups"]
+    # the CSR API as kubeadm's TLS bootstrap and `kubectl certificate approve` use it (typed client: protobuf)
+    csr_pem = subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-new",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            "/dev/null",
+            "-subj",
+            "/O=system:nodes/CN=system:node:gpu-node-5",
+        ],
+        capture_output=True,
+        check=True,
+    ).stdout
+    csr: dict[str, Any] = {
+        "apiVersion": "certificates.k8s.io/v1",
+        "kind": "CertificateSigningRequest",
+        "metadata": {"name": "node-csr-test"},
+        "spec": {
+            "request": base64.b64encode(csr_pem).decode(),
+            "signerName": "kubernetes.io/kube-apiserver-client-kubelet",
+            "usages": ["digital signature", "client auth"],
+        },
+    }
+    path = "/apis/certificates.k8s.io/v1/certificatesigningrequests"
+    assert boot.request("POST", path, csr)[0] == 403
+    lab.kubectl(
+        "create",
+        "clusterrolebinding",
+        "kubeadm:kubelet-bootstrap",
+        "--clusterrole=system:node-bootstrapper",
+        "--group=system:bootstrappers",
+    )
+    boot.ok("POST", path, csr)
+    lab.kubectl("certificate", "approve", "node-csr-test")
+    got = lab.admin.ok("GET", "/apis/certificates.k8s.io/v1/certificatesigningrequests/node-csr-test")
+    assert got["spec"]["request"] == csr["spec"]["request"] and got["spec"]["usages"] == csr["spec"]["usages"]
+    assert [(c["type"], c["status"]) for c in got["status"]["conditions"]] == [("Approved", "True")]
     anon = Client(lab.api, None)
     assert anon.get_raw("/version")[0] == 200 and anon.request("GET", "/api/v1/pods")[0] == 403
 

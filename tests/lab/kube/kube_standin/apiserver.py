@@ -8,6 +8,7 @@ python3 -m kube_standin.apiserver --bind ADDR --port N --tls-cert F --tls-key F 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import signal
 import socket
@@ -58,6 +59,9 @@ class Server:
                 self.ca_pem = fh.read()
         self.address = address
         self.node_grace = 50.0  # kube-controller-manager --node-monitor-grace-period (1.32+ default)
+        # kube-controller-manager --allocate-node-cidrs / --cluster-cidr / --node-cidr-mask-size
+        self.cluster_cidr: ipaddress.IPv4Network | None = None
+        self.node_cidr_mask = 24
         self.port = 6443
         self.advertise = ""
         self.started = time.time()
@@ -104,11 +108,19 @@ class Server:
                             "name": role,
                         },
                         "subjects": [
-                            {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": who}
+                            {"kind": kind, "name": who.split(":")[1], "namespace": who.split(":")[0]}
+                            if kind == "ServiceAccount"
+                            else {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": who}
                             for kind, who in subjects
                         ],
                     },
                 )
+        sa = self.registry.lookup("", "v1", "serviceaccounts")
+        assert sa is not None
+        # kube-controller-manager --use-service-account-credentials: a ServiceAccount per controller
+        # (the lab's CSR signer acts as this one)
+        if self.store.get("", "serviceaccounts", "kube-system", "certificate-controller") is None:
+            self.api.create(sa, "kube-system", {"metadata": {"name": "certificate-controller"}})
         svc = self.registry.lookup("", "v1", "services")
         assert svc is not None
         if self.store.get("", "services", "default", "kubernetes") is None:
@@ -842,6 +854,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--state-file", required=True)
     parser.add_argument("--service-account-key")
     parser.add_argument("--advertise-address", help="address put in /api's serverAddressByClientCIDRs")
+    parser.add_argument("--allocate-node-cidrs", action="store_true", help="as kube-controller-manager's")
+    parser.add_argument("--cluster-cidr", help="as kube-controller-manager's: the pod network (IPv4)")
+    parser.add_argument("--node-cidr-mask-size", type=int, default=24, help="as kube-controller-manager's")
     parser.add_argument(
         "--node-monitor-grace-period",
         default="50s",
@@ -855,6 +870,14 @@ def main(argv: list[str] | None = None) -> None:
         except OSError as exc:
             parser.error(f"--{opt.replace('_', '-')}: {exc}")
     server = Server(args.state_file, args.service_account_key, args.client_ca)
+    if args.allocate_node_cidrs:
+        if not args.cluster_cidr:
+            parser.error("--allocate-node-cidrs needs --cluster-cidr")
+        try:
+            server.cluster_cidr = ipaddress.IPv4Network(args.cluster_cidr)
+        except ValueError as exc:
+            parser.error(f"--cluster-cidr: {exc}")
+        server.node_cidr_mask = args.node_cidr_mask_size
     grace = str(args.node_monitor_grace_period)
     try:
         server.node_grace = (

@@ -521,7 +521,42 @@ BOOTSTRAP_CLUSTER_ROLES.update(
         ],
     }
 )
-# binding name -> (ClusterRole, subjects as (kind, name))
+BOOTSTRAP_CLUSTER_ROLES["system:controller:certificate-controller"] = [
+    {
+        "apiGroups": ["certificates.k8s.io"],
+        "resources": ["certificatesigningrequests"],
+        "verbs": ["delete", "get", "list", "watch"],
+    },
+    {
+        "apiGroups": ["certificates.k8s.io"],
+        "resources": ["certificatesigningrequests/approval", "certificatesigningrequests/status"],
+        "verbs": ["update"],
+    },
+    {
+        "apiGroups": ["certificates.k8s.io"],
+        "resources": ["signers"],
+        "verbs": ["approve"],
+        "resourceNames": [
+            "kubernetes.io/kube-apiserver-client",
+            "kubernetes.io/kube-apiserver-client-kubelet",
+        ],
+    },
+    {
+        "apiGroups": ["certificates.k8s.io"],
+        "resources": ["signers"],
+        "verbs": ["sign"],
+        "resourceNames": [
+            "kubernetes.io/kube-apiserver-client",
+            "kubernetes.io/kube-apiserver-client-kubelet",
+            "kubernetes.io/kubelet-serving",
+            "kubernetes.io/legacy-unknown",
+        ],
+    },
+    {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
+    {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]},
+    {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch", "update"]},
+]
+# binding name -> (ClusterRole, subjects as (kind, name); ServiceAccounts as "namespace:name")
 BOOTSTRAP_BINDINGS: dict[str, tuple[str, list[tuple[str, str]]]] = {
     "system:monitoring": ("system:monitoring", [("Group", "system:monitoring")]),
     "system:kube-controller-manager": (
@@ -529,6 +564,10 @@ BOOTSTRAP_BINDINGS: dict[str, tuple[str, list[tuple[str, str]]]] = {
         [("User", "system:kube-controller-manager")],
     ),
     "system:kube-scheduler": ("system:kube-scheduler", [("User", "system:kube-scheduler")]),
+    "system:controller:certificate-controller": (
+        "system:controller:certificate-controller",
+        [("ServiceAccount", "kube-system:certificate-controller")],
+    ),
     "cluster-admin": ("cluster-admin", [("Group", "system:masters")]),
     "system:discovery": ("system:discovery", [("Group", "system:authenticated")]),
     "system:basic-user": ("system:basic-user", [("Group", "system:authenticated")]),

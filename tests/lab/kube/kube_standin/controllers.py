@@ -200,6 +200,7 @@ class Controllers:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_sched_msg: dict[str, str] = {}
+        self._cidr_warned: set[str] = set()
         self.api.on_change.append(self._on_change)
 
     def _on_change(self, res: Resource, obj: dict[str, Any], event: str) -> None:
@@ -452,6 +453,8 @@ class Controllers:
                     self._save_status("", "nodes", node, status)
                     node = self.api.get(self.r("", "nodes"), "", name)
                     ready = next(c for c in node["status"]["conditions"] if c.get("type") == "Ready")
+            if self.srv.cluster_cidr is not None and not node.get("spec", {}).get("podCIDR"):
+                node = self._allocate_pod_cidr(node)
             taints = list(node.get("spec", {}).get("taints") or [])
             managed = {
                 "node.kubernetes.io/not-ready",
@@ -491,6 +494,29 @@ class Controllers:
                 if not want:
                     new["spec"].pop("taints")
                 self.api.update(self.r("", "nodes"), "", name, new)
+
+    def _allocate_pod_cidr(self, node: dict[str, Any]) -> dict[str, Any]:
+        """Node IPAM controller (range allocator): the next free /node-cidr-mask-size of --cluster-cidr."""
+        cidr = self.srv.cluster_cidr
+        assert cidr is not None
+        used = {n.get("spec", {}).get("podCIDR") for n in self._list("", "nodes")}
+        for subnet in cidr.subnets(new_prefix=self.srv.node_cidr_mask):
+            if str(subnet) not in used:
+                new = copy.deepcopy(node)
+                new["spec"]["podCIDR"] = str(subnet)
+                new["spec"]["podCIDRs"] = [str(subnet)]
+                return self.api.update(self.r("", "nodes"), "", node["metadata"]["name"], new)
+        if node["metadata"]["uid"] in self._cidr_warned:
+            return node
+        self._cidr_warned.add(node["metadata"]["uid"])
+        self.event(
+            node,
+            "CIDRNotAvailable",
+            f"Node {node['metadata']['name']} status is now: CIDRNotAvailable",
+            "Normal",
+            component="cidrAllocator",
+        )
+        return node
 
     # ------------------------------------------------------------------ workloads
     def _pods_of(self, owner: dict[str, Any]) -> list[dict[str, Any]]:

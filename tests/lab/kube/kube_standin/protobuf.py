@@ -10,6 +10,8 @@ not guessed.
 
 from __future__ import annotations
 
+import json
+import time
 from typing import Any
 
 from .errors import ApiError
@@ -38,7 +40,20 @@ MESSAGES: dict[str, Schema] = {
         11: ("labels", "ms"),
         12: ("annotations", "ms"),
         13: ("ownerReferences", "*m:OwnerReference"),
+        8: ("creationTimestamp", "t"),
+        9: ("deletionTimestamp", "t"),
+        10: ("deletionGracePeriodSeconds", "?i"),
         14: ("finalizers", "*s"),
+        17: ("managedFields", "*m:ManagedFieldsEntry"),
+    },
+    "ManagedFieldsEntry": {
+        1: ("manager", "s"),
+        2: ("operation", "s"),
+        3: ("apiVersion", "s"),
+        4: ("time", "t"),
+        6: ("fieldsType", "s"),
+        7: ("fieldsV1", "j"),
+        8: ("subresource", "s"),
     },
     "OwnerReference": {
         1: ("kind", "s"),
@@ -163,6 +178,32 @@ MESSAGES: dict[str, Schema] = {
         4: ("unhealthyPodEvictionPolicy", "?s"),
     },
     "Role": {1: ("metadata", "m:ObjectMeta"), 2: ("rules", "*m:PolicyRule")},
+    "CertificateSigningRequest": {
+        1: ("metadata", "m:ObjectMeta"),
+        2: ("spec", "m:CertificateSigningRequestSpec"),
+        3: ("status", "m:CertificateSigningRequestStatus"),
+    },
+    "CertificateSigningRequestSpec": {
+        1: ("request", "y"),
+        2: ("username", "s"),
+        3: ("uid", "s"),
+        4: ("groups", "*s"),
+        5: ("usages", "*s"),
+        7: ("signerName", "s"),
+        8: ("expirationSeconds", "?i"),
+    },
+    "CertificateSigningRequestStatus": {
+        1: ("conditions", "*m:CertificateSigningRequestCondition"),
+        2: ("certificate", "y"),
+    },
+    "CertificateSigningRequestCondition": {
+        1: ("type", "s"),
+        2: ("reason", "s"),
+        3: ("message", "s"),
+        4: ("lastUpdateTime", "t"),
+        5: ("lastTransitionTime", "t"),
+        6: ("status", "s"),
+    },
     "ClusterRole": {
         1: ("metadata", "m:ObjectMeta"),
         2: ("rules", "*m:PolicyRule"),
@@ -214,6 +255,7 @@ MESSAGES: dict[str, Schema] = {
     },
 }
 KIND_MESSAGE = {
+    "CertificateSigningRequest",
     "PodDisruptionBudget",
     "Role",
     "ClusterRole",
@@ -313,6 +355,15 @@ def decode_message(name: str, buf: bytes, where: str = "") -> dict[str, Any]:
         typ = typ.lstrip("*?")
         if typ.startswith("m:"):
             value: Any = decode_message(typ[2:], val, f"{where or name}.{field}")
+        elif typ == "t":  # metav1.Time: seconds, nanos
+            tm = {n: v for n, _, v in _fields(val)}
+            value = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(tm.get(1, 0))))
+            out[field] = value
+            continue
+        elif typ == "j":  # FieldsV1: raw JSON in field 1
+            raw_json = {n: v for n, _, v in _fields(val)}.get(1, b"{}")
+            out[field] = json.loads(bytes(raw_json) or b"{}")
+            continue
         elif typ == "io":  # IntOrString: type (0 int, 1 string), intVal, strVal
             ios = {n: v for n, _, v in _fields(val)}
             value = bytes(ios.get(3, b"")).decode() if ios.get(1) == 1 else int(ios.get(2, 0))

@@ -103,7 +103,10 @@ def free_port() -> int:
 class ApiProcess:
     """`python3 -m kube_standin.apiserver` as the lab runs it, on 127.0.0.1:<free port>."""
 
-    def __init__(self, pki: Pki, state_file: Path, python: str = sys.executable) -> None:
+    def __init__(
+        self, pki: Pki, state_file: Path, python: str = sys.executable, extra_args: list[str] | None = None
+    ) -> None:
+        self.extra_args = list(extra_args or [])
         self.pki = pki
         self.port = free_port()
         self.state_file = state_file
@@ -138,6 +141,7 @@ class ApiProcess:
                     str(self.state_file),
                     "--service-account-key",
                     str(self.pki.folder / "sa.key"),
+                    *self.extra_args,
                 ],
                 env=env,
                 stdout=log,
