@@ -287,10 +287,17 @@ def test_label_and_field_selectors(lab: Lab) -> None:
     assert names("labelSelector=tier%3Dweb") == ["sel-a", "sel-c"]
     assert names("labelSelector=sel,tier+notin+(web)") == ["sel-b"]
     assert names("fieldSelector=metadata.name%3Dsel-b") == ["sel-b"]
+    lab.kubectl("cordon", "gpu-node-3")
     nodes = lab.admin.ok("GET", "/api/v1/nodes?fieldSelector=spec.unschedulable%3Dfalse")["items"]
-    assert len(nodes) == 3
+    lab.kubectl("uncordon", "gpu-node-3")
+    assert {"gpu-node-1", "gpu-node-2"} <= {n["metadata"]["name"] for n in nodes}
+    assert "gpu-node-3" not in {n["metadata"]["name"] for n in nodes}
     code, body = lab.admin.request("GET", "/api/v1/namespaces/default/configmaps?fieldSelector=data.a%3D1")
     assert (code, body["reason"]) == (400, "BadRequest")
+    # deletecollection (API Concepts "Collections"): DELETE on the collection with a selector
+    out = lab.admin.ok("DELETE", "/api/v1/namespaces/default/configmaps?labelSelector=tier%3Dweb")
+    assert sorted(i["metadata"]["name"] for i in out["items"]) == ["sel-a", "sel-c"]
+    assert names("labelSelector=sel") == ["sel-b"]
 
 
 # --------------------------------------------------------------------------- kubectl
@@ -395,6 +402,28 @@ def test_service_endpoints(lab: Lab) -> None:
     api_ep = lab.admin.ok("GET", "/api/v1/namespaces/default/endpoints/kubernetes")
     assert api_ep["subsets"][0]["ports"][0]["port"] == lab.api.port
     lab.kubectl("delete", "deployment,service", "svcd")
+
+
+def test_cascading_deletion(lab: Lab) -> None:
+    """Concepts "Garbage Collection" / "Use Cascading Deletion": foreground deletion keeps the owner (with the
+    foregroundDeletion finalizer) until its dependents are gone; orphan deletion leaves the dependents, their
+    ownerReferences removed."""
+    for name in ("fg", "orphan"):
+        lab.admin.ok("POST", "/apis/apps/v1/namespaces/default/deployments", _deploy(name, replicas=1))
+        lab.kubectl("rollout", "status", f"deployment/{name}", "--timeout=20s")
+    lab.kubectl("delete", "deployment", "fg", "--cascade=foreground", "--timeout=20s")
+    assert lab.admin.request("GET", "/apis/apps/v1/namespaces/default/deployments/fg")[0] == 404
+    assert lab.admin.ok("GET", "/api/v1/namespaces/default/pods?labelSelector=app%3Dfg")["items"] == []
+    lab.kubectl("delete", "deployment", "orphan", "--cascade=orphan")
+    rss = lab.admin.ok("GET", "/apis/apps/v1/namespaces/default/replicasets?labelSelector=app%3Dorphan")[
+        "items"
+    ]
+    assert len(rss) == 1 and not rss[0]["metadata"].get("ownerReferences")
+    time.sleep(1.5)  # a garbage collector pass or more
+    assert (
+        len(lab.admin.ok("GET", "/api/v1/namespaces/default/pods?labelSelector=app%3Dorphan")["items"]) == 1
+    )
+    lab.kubectl("delete", "replicaset", "-l", "app=orphan")
 
 
 def test_watch_stream(lab: Lab) -> None:
@@ -755,6 +784,9 @@ def test_upstream_manifests_apply(lab: Lab) -> None:
         ), changed
         assert len(changed) <= 2 and versions(f) == before
     assert "ippools" in lab.kubectl("api-resources", "--api-group=crd.projectcalico.org").stdout
+    # Priority admission: priorityClassName system-node-critical (a built-in class) resolves to its value
+    calico = lab.admin.ok("GET", "/api/v1/namespaces/kube-system/pods?labelSelector=k8s-app%3Dcalico-node")
+    assert calico["items"] and {p["spec"]["priority"] for p in calico["items"]} == {2000001000}
     lab.kubectl("rollout", "status", "daemonset/calico-node", "-n", "kube-system", "--timeout=30s")
     lab.kubectl(
         "rollout", "status", "daemonset/nvidia-device-plugin-daemonset", "-n", "kube-system", "--timeout=30s"

@@ -358,6 +358,26 @@ class Api:
         elif kind == "CustomResourceDefinition" and isinstance(spec, dict):
             spec.setdefault("conversion", {"strategy": "None"})
 
+    def _pod_priority(self, spec: dict[str, Any], pod: str) -> None:
+        """Priority admission: spec.priority from spec.priorityClassName (or the globalDefault class)."""
+        name = spec.get("priorityClassName")
+        classes = self.store.select("scheduling.k8s.io", "priorityclasses")
+        if name:
+            found = next((c for c in classes if c["metadata"]["name"] == name), None)
+            if found is None:
+                raise ApiError(
+                    403,
+                    "Forbidden",
+                    f'pods "{pod}" is forbidden: no PriorityClass with name {name} was found',
+                )
+        else:
+            found = next((c for c in classes if c.get("globalDefault")), None)
+            if found is not None:
+                spec["priorityClassName"] = found["metadata"]["name"]
+        spec["priority"] = int(found.get("value", 0)) if found else 0
+        if found and found.get("preemptionPolicy"):
+            spec["preemptionPolicy"] = found["preemptionPolicy"]
+
     def _allocate_cluster_ip(self) -> str:
         used = {s.get("spec", {}).get("clusterIP") for s in self.store.select("", "services")}
         for offset in range(10, SERVICE_CIDR.num_addresses - 1):
@@ -397,6 +417,8 @@ class Api:
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
         self._defaults(res, obj)
+        if res.kind == "Pod" and isinstance(obj.get("spec"), dict):
+            self._pod_priority(obj["spec"], obj["metadata"].get("name", ""))
         self._validate(res, obj)
         with self.store.lock:
             self._namespace_ok(res, namespace, True)

@@ -123,6 +123,23 @@ class Server:
             self.api.create(sa, "kube-system", {"metadata": {"name": "certificate-controller"}})
         svc = self.registry.lookup("", "v1", "services")
         assert svc is not None
+        pc = self.registry.lookup("scheduling.k8s.io", "v1", "priorityclasses")
+        assert pc is not None
+        for name, value, what in (
+            (
+                "system-node-critical",
+                2000001000,
+                "Used for system critical pods that must not be moved from their current node.",
+            ),
+            (
+                "system-cluster-critical",
+                2000000000,
+                "Used for system critical pods that must run in the cluster, "
+                "but can be moved to another node if necessary.",
+            ),
+        ):
+            if self.store.get(pc.group, pc.plural, "", name) is None:
+                self.api.create(pc, "", {"metadata": {"name": name}, "value": value, "description": what})
         if self.store.get("", "services", "default", "kubernetes") is None:
             self.api.create(
                 svc,
