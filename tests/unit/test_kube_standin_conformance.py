@@ -882,7 +882,8 @@ def test_kubernetes_core_modules(lab: Lab) -> None:
     exe = Path(sys.executable).parent / "ansible-playbook"
     cfg = lab.tmp / "ansible.cfg"
     cfg.write_text("[defaults]\nstdout_callback = default\n")
-    env = {**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_CONFIG": str(cfg)}
+    # TMPDIR: the kubernetes client's discovery cache (k8srcp-*.json) stays in the test's folder
+    env = {**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_CONFIG": str(cfg), "TMPDIR": str(lab.tmp)}
     proc = subprocess.run(
         [
             str(exe),
