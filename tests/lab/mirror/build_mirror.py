@@ -523,6 +523,23 @@ def write_simple_index(pypi_dir: Path, project: str, wheel: Path) -> None:
     )
 
 
+# Byte-exact upstream manifests (Calico, the NVIDIA device plugin, ...), served at
+# http://lab-mirror:8080/upstream/<project>/<version>/<file> with the SAME bytes (and so the same sha256)
+# the roles pin for the upstream URLs; read from ../shared/upstream/, never copied into the repository.
+UPSTREAM = HERE.parents[3] / "shared" / "upstream"  # the checkout's ../shared/upstream
+
+
+def copy_upstream_manifests(target: Path) -> None:
+    source = UPSTREAM
+    if not source.is_dir():
+        raise SystemExit(f"build_mirror: no upstream manifests in {source}")
+    for path in sorted(source.rglob("*")):
+        if path.is_file() and path.name != "README.md":
+            destination = target / path.relative_to(source)
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, destination)
+
+
 def build(output: Path, gnupg_home: Path) -> None:
     spec = yaml.safe_load((HERE / "packages.yml").read_text())
     ensure_key(gnupg_home)
@@ -559,6 +576,7 @@ def build(output: Path, gnupg_home: Path) -> None:
         (tree / "pypi").mkdir()
         write_simple_index(tree / "pypi", "nvidia-ml-py", build_wheel(spec["pypi"]["nvidia-ml-py"], staging))
         model_tool_wheels.add_to_index(tree / "pypi", gnupg_home.parent / "cache" / "wheels")
+        copy_upstream_manifests(tree / "upstream")
         # Swap in whole so a running mirror never serves a half-written tree for long.
         if output.exists():
             old = output.with_name(output.name + ".old")

@@ -1,4 +1,4 @@
-"""The model tools' wheels for the lab mirror's PEP 503 index (air-gapped lab nodes, like a site
+"""The model tools' wheels (and the kubernetes.core modules' Python client) for the lab mirror's PEP 503 index (air-gapped lab nodes, like a site
 without PyPI): the pinned requirements of module_utils/model_tools.py (their one home) and every
 dependency, for the nodes' CPython 3.11 on x86_64, downloaded with pip on the host once per set of
 pins and cached in CACHE/<hash of the pins>/."""
@@ -31,8 +31,18 @@ def pinned_requirements() -> list[str]:
     raise SystemExit(f"build_mirror: no MODEL_TOOLS_REQUIREMENTS in {MODEL_TOOLS}")
 
 
-def download(cache: Path) -> list[Path]:
-    requirements = pinned_requirements()
+def kubernetes_client_requirement() -> str:
+    """The kubernetes Python client pinned by roles/kubernetes_api_client (the kubernetes.core modules' client)."""
+    defaults = MODEL_TOOLS.parents[1] / "roles" / "kubernetes_api_client" / "defaults" / "main.yml"
+    for line in defaults.read_text().splitlines():
+        match = re.match(r'^kubernetes_api_client_version:\s*"?([^"\s]+)"?\s*$', line)
+        if match:
+            return f"kubernetes=={match[1]}"
+    raise SystemExit(f"build_mirror: no kubernetes_api_client_version in {defaults}")
+
+
+def download(cache: Path, requirements: list[str] | None = None) -> list[Path]:
+    requirements = requirements if requirements is not None else pinned_requirements()
     target = cache / hashlib.sha256("\n".join(requirements).encode()).hexdigest()[:16]
     if not (target / ".complete").is_file():
         shutil.rmtree(target, ignore_errors=True)
@@ -58,7 +68,7 @@ def add_to_index(pypi_dir: Path, cache: Path) -> int:
     """Copy the wheels into PYPI_DIR/simple/<project>/ with their index pages; rewrite the root page
     to list every project there. Returns the number of wheels."""
     simple = pypi_dir / "simple"
-    wheels = download(cache)
+    wheels = download(cache) + download(cache, [kubernetes_client_requirement()])
     for wheel in wheels:
         project = simple / project_name(wheel)
         project.mkdir(parents=True, exist_ok=True)
