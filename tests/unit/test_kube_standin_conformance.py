@@ -746,6 +746,11 @@ def test_crd_adds_resources(lab: Lab) -> None:
         "application/strategic-merge-patch+json",
     )
     assert code == 415
+    lab.kubectl("delete", "crd", "widgets.lab.example.com")
+    assert lab.kubectl("get", "widgets.lab.example.com", check=False).returncode != 0
+    # deleting the definition deletes its objects: a re-created CRD starts empty
+    lab.admin.ok("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+    assert lab.admin.request("GET", "/apis/lab.example.com/v1/namespaces/default/widgets/w1")[0] == 404
 
 
 def test_upstream_manifests_apply(lab: Lab) -> None:

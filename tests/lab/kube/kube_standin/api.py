@@ -513,8 +513,17 @@ class Api:
 
     def _commit(self, res: Resource, obj: dict[str, Any], event: str) -> dict[str, Any]:
         saved = self.store.save(res.group, res.plural, obj, event)
+        if event == "DELETED":
+            self.store.extra.get("applied", {}).pop(saved["metadata"].get("uid"), None)
         if res.kind == "CustomResourceDefinition":
             self.registry.crd_changed(saved, deleted=event == "DELETED")
+            if event == "DELETED":  # the custom objects go with their definition
+                spec = saved.get("spec") or {}
+                group, plural = spec.get("group", ""), (spec.get("names") or {}).get("plural", "")
+                for key in self.store.keys(group, plural):
+                    gone = self.store.get(*key)
+                    if gone is not None:
+                        self.store.save(group, plural, gone, "DELETED")
         for hook in self.on_change:
             hook(res, saved, event)
         return self._decorate(res, saved)

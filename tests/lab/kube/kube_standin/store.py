@@ -38,7 +38,7 @@ class Store:
         self.objects: dict[Key, dict[str, Any]] = {}
         self.rv = 1
         self.extra: dict[str, Any] = {}  # server-private state (signing key, SSA field sets)
-        self.events: collections.deque[Event] = collections.deque(maxlen=20000)
+        self.events: collections.deque[Event] = collections.deque(maxlen=5000)
         self._dirty = False
         self._stop = threading.Event()
         if path and os.path.exists(path):
