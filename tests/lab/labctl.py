@@ -132,7 +132,13 @@ def mirror_inputs() -> list[Path]:
     # the model tools' pinned wheels are served by the mirror's PEP 503 index
     kube = sorted((LAB_SRC / "kube").rglob("*.py"))  # the kubeadm/kubelet packages carry kube_standin
     client = REPO / "roles" / "kubernetes_api_client" / "defaults" / "main.yml"  # the kubernetes client's pin
-    return [*files, LAB_SRC / "fake_nvml" / "pynvml.py", REPO / "module_utils" / "model_tools.py", client, *kube]
+    return [
+        *files,
+        LAB_SRC / "fake_nvml" / "pynvml.py",
+        REPO / "module_utils" / "model_tools.py",
+        client,
+        *kube,
+    ]
 
 
 def ensure_mirror_content() -> None:

@@ -52,7 +52,9 @@ def ready_pod_nodes(pods: list[dict[str, Any]]) -> list[str]:
     nodes = []
     for pod in pods:
         status = pod.get("status") or {}
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
+        )
         if status.get("phase") == "Running" and ready and pod.get("spec", {}).get("nodeName"):
             nodes.append(pod["spec"]["nodeName"])
     return sorted(set(nodes))

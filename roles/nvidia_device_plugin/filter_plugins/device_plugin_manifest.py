@@ -16,7 +16,7 @@ class ManifestError(Exception):
 def nvidia_device_plugin_manifest(
     docs: list[Any], runtime_class: str, node_selector: dict[str, str]
 ) -> list[dict[str, Any]]:
-    """The manifest's objects with the DaemonSet's pods in RUNTIME_CLASS, on nodes matching NODE_SELECTOR only."""
+    """The manifest's objects; the DaemonSet's pods in RUNTIME_CLASS, only on nodes matching NODE_SELECTOR."""
     objects = [copy.deepcopy(doc) for doc in docs if doc]
     daemonsets = [doc for doc in objects if doc.get("kind") == "DaemonSet"]
     if len(daemonsets) != 1:

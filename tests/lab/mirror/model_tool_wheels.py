@@ -1,7 +1,8 @@
-"""The model tools' wheels (and the kubernetes.core modules' Python client) for the lab mirror's PEP 503 index (air-gapped lab nodes, like a site
-without PyPI): the pinned requirements of module_utils/model_tools.py (their one home) and every
-dependency, for the nodes' CPython 3.11 on x86_64, downloaded with pip on the host once per set of
-pins and cached in CACHE/<hash of the pins>/."""
+"""The model tools' wheels and the kubernetes.core modules' Python client for the lab mirror's PEP 503
+index (air-gapped lab nodes, like a site without PyPI): the pinned requirements of
+module_utils/model_tools.py (their one home), the kubernetes client pinned by roles/kubernetes_api_client,
+and every dependency, for the nodes' CPython 3.11 on x86_64, downloaded with pip on the host once per set
+of pins and cached in CACHE/<hash of the pins>/."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def pinned_requirements() -> list[str]:
 
 
 def kubernetes_client_requirement() -> str:
-    """The kubernetes Python client pinned by roles/kubernetes_api_client (the kubernetes.core modules' client)."""
+    """The kubernetes Python client pinned by roles/kubernetes_api_client (kubernetes.core's client)."""
     defaults = MODEL_TOOLS.parents[1] / "roles" / "kubernetes_api_client" / "defaults" / "main.yml"
     for line in defaults.read_text().splitlines():
         match = re.match(r'^kubernetes_api_client_version:\s*"?([^"\s]+)"?\s*$', line)

@@ -1,0 +1,239 @@
+"""Every Kubernetes object the cluster roles apply, and the kubeadm configuration they render, offline.
+
+- The kubeadm configuration (roles/kubeadm_control_plane/templates/kubeadm-config.yaml.j2), rendered with
+  Ansible's templating and the roles' defaults, passes `kubeadm config validate` of the lab's kubeadm
+  stand-in (the strict v1beta4 decoder; kubeadm's kinds are not in kubernetes-validate) and holds IPVS mode,
+  the pod subnet, the systemd cgroup driver and the audit policy flags and mounts.
+- The objects applied to the API (the RuntimeClass, Calico's and the device plugin's upstream manifests read
+  from ../shared/upstream/ with exactly the roles' changes, by the roles' own filter plugins) validate
+  against the Kubernetes 1.36 OpenAPI schemas with kubernetes-validate in strict mode.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from ansible.parsing.dataloader import DataLoader
+from ansible.template import Templar, trust_as_template
+
+ROOT = Path(__file__).resolve().parents[2]
+ROLES = ROOT / "roles"
+UPSTREAM = ROOT.parent / "shared" / "upstream"
+K8S_VERSION = "1.36.0"  # kubernetes-validate's schemas of the minor in roles/kubernetes (1.36.x)
+NODE = {"inventory_hostname": "gpu-node-1", "node_ip": "10.89.42.11"}
+
+
+def role_vars(role: str) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for name in ("defaults", "vars"):
+        path = ROLES / role / name / "main.yml"
+        if path.is_file():
+            loaded = yaml.safe_load(path.read_text()) or {}
+            values |= {k: trust_as_template(v) if isinstance(v, str) else v for k, v in loaded.items()}
+    return values
+
+
+def templar(extra: dict[str, Any] | None = None) -> Templar:
+    variables = {**role_vars("kubernetes"), **role_vars("kubernetes_api_client")}
+    for role in ("kubeadm_control_plane", "calico", "nvidia_device_plugin"):
+        variables |= role_vars(role)
+    variables |= {**NODE, "ansible_managed": "Ansible managed", **(extra or {})}
+    return Templar(loader=DataLoader(), variables=variables)
+
+
+def render(role: str, template: str, extra: dict[str, Any] | None = None) -> str:
+    return str(
+        templar(extra).template(trust_as_template((ROLES / role / "templates" / template).read_text()))
+    )
+
+
+def filter_module(role: str, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        f"{role}_{name}", ROLES / role / "filter_plugins" / f"{name}.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def upstream(role: str, path: str) -> list[Any]:
+    """The upstream manifest the role pins, after checking the bytes against the role's sha256."""
+    defaults = role_vars(role)
+    data = (UPSTREAM / path).read_bytes()
+    assert hashlib.sha256(data).hexdigest() == defaults[f"{role}_manifest_sha256"], path
+    return list(yaml.safe_load_all(data))
+
+
+@cache
+def calico_objects() -> list[dict[str, Any]]:
+    version = role_vars("calico")["calico_version"]
+    pool = role_vars("kubeadm_control_plane")["kubeadm_control_plane_pod_subnet"]
+    docs = upstream("calico", f"calico/{version}/calico.yaml")
+    return filter_module("calico", "calico_manifest").calico_manifest(docs, pool)
+
+
+@cache
+def device_plugin_objects() -> list[dict[str, Any]]:
+    defaults = role_vars("nvidia_device_plugin")
+    version = defaults["nvidia_device_plugin_version"]
+    docs = upstream("nvidia_device_plugin", f"k8s-device-plugin/{version}/nvidia-device-plugin.yml")
+    module = filter_module("nvidia_device_plugin", "device_plugin_manifest")
+    return module.nvidia_device_plugin_manifest(
+        docs, defaults["nvidia_device_plugin_runtime_class"], defaults["nvidia_device_plugin_node_label"]
+    )
+
+
+def runtime_class() -> dict[str, Any]:
+    return yaml.safe_load(render("nvidia_device_plugin", "runtimeclass.yaml.j2"))
+
+
+def api_objects() -> list[tuple[str, dict[str, Any]]]:
+    objects = [("nvidia_device_plugin/runtimeclass", runtime_class())]
+    objects += [("calico/calico.yaml", doc) for doc in calico_objects()]
+    objects += [("nvidia_device_plugin/manifest", doc) for doc in device_plugin_objects()]
+    return objects
+
+
+@pytest.mark.parametrize(
+    ("source", "obj"),
+    api_objects(),
+    ids=[f"{source}:{obj['kind']}/{obj['metadata']['name']}" for source, obj in api_objects()],
+)
+def test_object_validates_against_the_1_36_schemas_strictly(source: str, obj: dict[str, Any]) -> None:
+    try:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        pytest.fail(f"{source}: {obj['kind']}/{obj['metadata']['name']}: {exc.message} at {list(exc.path)}")
+
+
+def test_strict_validation_catches_a_typo_the_roles_could_make() -> None:
+    """The check above can fail: a misspelt field in the device plugin's pod spec is refused."""
+    daemonset = next(doc for doc in device_plugin_objects() if doc["kind"] == "DaemonSet")
+    broken = json.loads(json.dumps(daemonset))
+    broken["spec"]["template"]["spec"]["runtimeClass"] = broken["spec"]["template"]["spec"].pop(
+        "runtimeClassName"
+    )
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, K8S_VERSION, strict=True)
+
+
+def test_calico_pool_is_the_pod_subnet() -> None:
+    pod_subnet = role_vars("kubeadm_control_plane")["kubeadm_control_plane_pod_subnet"]
+    daemonset = next(doc for doc in calico_objects() if doc["kind"] == "DaemonSet")
+    container = next(
+        c for c in daemonset["spec"]["template"]["spec"]["containers"] if c["name"] == "calico-node"
+    )
+    pools = [e["value"] for e in container["env"] if e["name"] == "CALICO_IPV4POOL_CIDR"]
+    assert pools == [pod_subnet] == ["10.244.0.0/16"]
+    assert filter_module("calico", "calico_manifest").calico_pool_cidr(daemonset) == pod_subnet
+
+
+def test_device_plugin_runs_in_runtime_class_nvidia_on_gpu_nodes_only() -> None:
+    daemonset = next(doc for doc in device_plugin_objects() if doc["kind"] == "DaemonSet")
+    pod = daemonset["spec"]["template"]["spec"]
+    assert (
+        pod["runtimeClassName"]
+        == runtime_class()["metadata"]["name"]
+        == runtime_class()["handler"]
+        == "nvidia"
+    )
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+
+
+def kubeadm_config(tmp_path: Path, extra: dict[str, Any] | None = None) -> tuple[Path, dict[str, Any]]:
+    text = render("kubeadm_control_plane", "kubeadm-config.yaml.j2", extra)
+    path = tmp_path / "kubeadm-config.yaml"
+    path.write_text(text)
+    return path, {doc["kind"]: doc for doc in yaml.safe_load_all(text) if doc}
+
+
+def kubeadm_validate(path: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests" / "lab" / "kube")}
+    return subprocess.run(
+        [sys.executable, "-m", "kube_standin.kubeadm", "config", "validate", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+
+
+def test_kubeadm_config_passes_kubeadm_config_validate(tmp_path: Path) -> None:
+    path, docs = kubeadm_config(tmp_path)
+    result = kubeadm_validate(path)
+    assert result.returncode == 0, result.stderr
+    assert set(docs) == {
+        "InitConfiguration",
+        "ClusterConfiguration",
+        "KubeletConfiguration",
+        "KubeProxyConfiguration",
+    }
+    assert all(doc["apiVersion"] != "kubeadm.k8s.io/v1beta3" for doc in docs.values())
+
+
+def test_kubeadm_config_content(tmp_path: Path) -> None:
+    _, docs = kubeadm_config(tmp_path)
+    init, cluster = docs["InitConfiguration"], docs["ClusterConfiguration"]
+    assert init["localAPIEndpoint"]["advertiseAddress"] == NODE["node_ip"]
+    assert init["nodeRegistration"] == {
+        "name": "gpu-node-1",
+        "criSocket": "unix:///run/containerd/containerd.sock",
+    }
+    assert cluster["kubernetesVersion"] == "v" + role_vars("kubernetes")["kubernetes_version"]
+    assert cluster["networking"] == {"podSubnet": "10.244.0.0/16", "serviceSubnet": "10.96.0.0/12"}
+    assert docs["KubeletConfiguration"]["cgroupDriver"] == "systemd"
+    assert docs["KubeProxyConfiguration"]["mode"] == "ipvs"
+    assert docs["KubeProxyConfiguration"]["ipvs"] == {"scheduler": "rr", "strictARP": True}
+    args = {arg["name"]: arg["value"] for arg in cluster["apiServer"]["extraArgs"]}
+    assert args["audit-policy-file"] == "/etc/kubernetes/audit/policy.yaml"
+    assert {"audit-log-path", "audit-log-maxage", "audit-log-maxbackup", "audit-log-maxsize"} <= set(args)
+    mounts = {volume["mountPath"] for volume in cluster["apiServer"]["extraVolumes"]}
+    assert {"/etc/kubernetes/audit", "/var/log/kubernetes/audit"} <= mounts
+
+
+def test_kubeadm_config_validate_refuses_a_wrong_type(tmp_path: Path) -> None:
+    """The decoder check can fail: a string where kubeadm wants an int32."""
+    path, _ = kubeadm_config(tmp_path, {"kubeadm_control_plane_api_port": '"six"'})
+    result = kubeadm_validate(path)
+    assert result.returncode != 0 and "bindPort" in result.stderr, result.stderr
+
+
+def test_audit_policy_records_the_on_call_questions() -> None:
+    policy = yaml.safe_load(render("kubeadm_control_plane", "audit-policy.yaml.j2"))
+    assert policy["apiVersion"] == "audit.k8s.io/v1" and policy["kind"] == "Policy"
+
+    def level(group: str, resource: str, verb: str = "patch", user_groups: tuple[str, ...] = ()) -> str:
+        for rule in policy["rules"]:
+            if "verbs" in rule and verb not in rule["verbs"]:
+                continue
+            if "userGroups" in rule and not set(rule["userGroups"]) & set(user_groups):
+                continue
+            if "resources" in rule and not any(
+                r["group"] == group and resource in r["resources"] for r in rule["resources"]
+            ):
+                continue
+            return str(rule["level"])
+        return "None"
+
+    assert level("", "secrets") == "Metadata"  # never the content
+    assert level("", "configmaps", "update") == "Metadata"
+    assert level("apps", "deployments") == "Request"  # the image, i.e. the model version
+    assert level("apps", "statefulsets", "update") == "Request"
+    assert level("", "nodes") == "Request"  # cordon: a patch of spec.unschedulable
+    assert level("", "pods/eviction", "create") == "Metadata"  # drain
+    assert level("", "nodes", "patch", ("system:nodes",)) == "None"  # the kubelets' own heartbeats
+    assert level("apps", "deployments", "get") == "None"
+    assert level("", "pods", "create") == "None"
