@@ -274,7 +274,8 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        self.wfile.write(data)
+        if self.command != "HEAD":
+            self.wfile.write(data)
 
     def _body(self) -> bytes:
         length = int(self.headers.get("Content-Length") or 0)
@@ -317,13 +318,7 @@ class Handler(BaseHTTPRequestHandler):
                 raise ApiError(401, "Unauthorized", "Unauthorized")
             return user
         cert = self.connection.getpeercert() if isinstance(self.connection, ssl.SSLSocket) else None
-        user = self.srv.authn.from_cert(cert)
-        if user is None and not isinstance(self.connection, ssl.SSLSocket):
-            # plain HTTP is only used by in-process tests that pass X-Remote-User (never on the lab)
-            name = self.headers.get("X-Remote-User")
-            if name:
-                return User(name, [*self.headers.get_all("X-Remote-Group", []), "system:authenticated"])
-        return user or ANONYMOUS
+        return self.srv.authn.from_cert(cert) or ANONYMOUS
 
     def _accepts_json(self) -> bool:
         accept = self.headers.get("Accept", "") or "*/*"
