@@ -313,6 +313,9 @@ def test_kube_proxy_ipvs(cluster: Kubectl) -> None:
         listing = wait_for(f"the kubernetes service in ipvsadm -Ln on {node}",
                            lambda n=node: (out := ok(n, "ipvsadm -Ln")) and "10.96.0.1:443" in out and out)  # fmt: skip
         assert listing.startswith("IP Virtual Server version")
+        lines = listing.splitlines()
+        service = next(i for i, line in enumerate(lines) if line.split()[:2] == ["TCP", "10.96.0.1:443"])
+        assert lines[service + 1].split()[:3] == ["->", "10.89.42.11:6443", "Masq"]
 
 
 def test_device_plugin_makes_gpus_allocatable(cluster: Kubectl) -> None:
@@ -341,6 +344,17 @@ def test_fault_not_ready(cluster: Kubectl) -> None:
         assert any(line.split()[:2] == [node, "NotReady"] for line in described.splitlines())
     finally:
         lab_fault(node, "clear", "not-ready")
+    wait_for(f"{node} Ready again", lambda: ready(cluster.nodes()[node]) == "True", 30)
+
+
+def test_fault_stop_heartbeat(cluster: Kubectl) -> None:
+    """A hung kubelet: no status, no Lease; the node lifecycle controller turns the Node Unknown."""
+    node = WORKERS[0]
+    lab_fault(node, "stop-heartbeat")
+    try:
+        wait_for(f"{node} Unknown", lambda: ready(cluster.nodes()[node]) == "Unknown", 90, 3)
+    finally:
+        lab_fault(node, "clear", "stop-heartbeat")
     wait_for(f"{node} Ready again", lambda: ready(cluster.nodes()[node]) == "True", 30)
 
 

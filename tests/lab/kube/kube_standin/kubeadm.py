@@ -1102,29 +1102,6 @@ def addon_kube_proxy(client: Client, s: Settings) -> None:
         },
     )
     rb = "/apis/rbac.authorization.k8s.io/v1"
-    # system:node-proxier is in the real API server's bootstrap policy; ensured here for the stand-in
-    client.ensure(
-        f"{rb}/clusterroles",
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRole",
-            "metadata": {"name": "system:node-proxier"},
-            "rules": [
-                {"apiGroups": [""], "resources": ["endpoints", "services"], "verbs": ["list", "watch"]},
-                {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
-                {
-                    "apiGroups": ["", "events.k8s.io"],
-                    "resources": ["events"],
-                    "verbs": ["create", "patch", "update"],
-                },
-                {
-                    "apiGroups": ["discovery.k8s.io"],
-                    "resources": ["endpointslices"],
-                    "verbs": ["list", "watch"],
-                },
-            ],
-        },
-    )
     client.ensure(
         f"{rb}/clusterrolebindings",
         {
