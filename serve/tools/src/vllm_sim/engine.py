@@ -1,5 +1,6 @@
 """The simulated engine: admission (running seqs, waiting queue, queue cap), token timing,
-fault injection, and vLLM's Prometheus metrics under their current names."""
+fault injection, and vLLM's Prometheus metrics under the names of the vLLM version the serving stage pins
+(`VLLM_METRICS_VERSION`; the version and why: docs/serving.md)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,11 @@ _SENTENCE = (
     "about serving large language models on three servers"
 )
 _WORDS = tuple(_SENTENCE.split(" "))
+
+# The vLLM release whose /metrics names the simulator copies: the V0 engine's vllm/engine/metrics.py
+# (gpu_cache_usage_perc and time_per_output_token_seconds; later releases renamed them
+# kv_cache_usage_perc and inter_token_latency_seconds). Alerts and dashboards are tested against these.
+VLLM_METRICS_VERSION = "0.4.2"
 
 # How a stream ends, in the forms real servers use:
 #   with_text    the last text chunk carries the finish reason (vLLM)
@@ -97,14 +103,17 @@ class Engine:
         self._g_waiting = Gauge("vllm:num_requests_waiting", "Requests waiting", labels, registry=r).labels(
             model
         )
-        self._g_kv = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage, 1 = full", labels, registry=r).labels(
-            model
-        )
+        self._g_swapped = Gauge(
+            "vllm:num_requests_swapped", "Requests swapped to CPU", labels, registry=r
+        ).labels(model)
+        self._g_kv = Gauge(
+            "vllm:gpu_cache_usage_perc", "KV-cache usage, 1 = full", labels, registry=r
+        ).labels(model)
         self._h_ttft = Histogram(
             "vllm:time_to_first_token_seconds", "Time to first token", labels, registry=r
         ).labels(model)
         self._h_itl = Histogram(
-            "vllm:inter_token_latency_seconds", "Inter-token latency", labels, registry=r
+            "vllm:time_per_output_token_seconds", "Time per output token", labels, registry=r
         ).labels(model)
         self._h_e2e = Histogram(
             "vllm:e2e_request_latency_seconds", "End-to-end request latency", labels, registry=r
