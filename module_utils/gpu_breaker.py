@@ -1,0 +1,119 @@
+"""The circuit breaker for cordoning GPU nodes: one rule, used by the GPU health agent
+(module_utils/gpu_health_agent.py) and by playbooks/remediate/ecc-cordon.yml (through the filter plugin
+``gpu_breaker_plan`` in filter_plugins/gpu_breaker.py).
+
+Why a breaker: the article's cron script cordoned on any ECC count, so one bad reading on every node (a
+driver bug, a fleet-wide corrected-error burst) would have emptied the cluster. A broken GPU node taken out
+of service is good; the whole fleet taken out by automation is an outage. So automation never cordons
+more than ``max_cordoned_percent`` of the GPU nodes (rounded down; 34 = one node of three) and never the
+last schedulable one. Nodes it holds back are named, so a human decides.
+
+Pure functions, stdlib only (the agent runs on nodes without Ansible).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_MAX_CORDONED_PERCENT = 34
+
+
+@dataclass
+class BreakerPlan:
+    """What automation may do: ``cordon`` the nodes listed, leave ``held_back`` alone (named, with why)."""
+
+    limit: int
+    cordoned_before: list[str]
+    cordon: list[str] = field(default_factory=list)
+    already_cordoned: list[str] = field(default_factory=list)
+    held_back: dict[str, str] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "limit": self.limit,
+            "cordoned_before": self.cordoned_before,
+            "cordon": self.cordon,
+            "already_cordoned": self.already_cordoned,
+            "held_back": self.held_back,
+        }
+
+
+def cordon_limit(gpu_node_count: int, max_cordoned_percent: int = DEFAULT_MAX_CORDONED_PERCENT) -> int:
+    """How many GPU nodes may be cordoned at once: the share rounded down, and always one node fewer than
+    all of them (the last schedulable node stays)."""
+    if not 0 <= max_cordoned_percent <= 100:
+        raise ValueError(f"max_cordoned_percent must be 0..100, got {max_cordoned_percent}")
+    return max(0, min(gpu_node_count * max_cordoned_percent // 100, gpu_node_count - 1))
+
+
+def plan(
+    unschedulable: Mapping[str, bool],
+    unhealthy: Iterable[str],
+    max_cordoned_percent: int = DEFAULT_MAX_CORDONED_PERCENT,
+) -> BreakerPlan:
+    """Which of the ``unhealthy`` nodes automation may cordon now.
+
+    ``unschedulable``: every GPU node's name -> whether it is cordoned now (spec.unschedulable), whoever
+    cordoned it. Unhealthy nodes are taken in name order, so two runs over the same state agree.
+    """
+    names = sorted(unschedulable)
+    cordoned = [n for n in names if unschedulable[n]]
+    result = BreakerPlan(limit=cordon_limit(len(names), max_cordoned_percent), cordoned_before=cordoned)
+    count = len(cordoned)
+    for node in sorted(set(unhealthy)):
+        if node not in unschedulable:
+            result.held_back[node] = "not a known GPU node of the cluster"
+        elif unschedulable[node]:
+            result.already_cordoned.append(node)
+        elif count + 1 > result.limit:
+            schedulable = len(names) - count
+            why = (
+                f"circuit breaker: {count} of {len(names)} GPU nodes cordoned already, "
+                f"at most {result.limit} may be ({max_cordoned_percent}% of the GPU nodes, "
+                "never the last schedulable one)"
+            )
+            if schedulable <= 1:
+                why += "; it is the last schedulable GPU node"
+            result.held_back[node] = why
+        else:
+            result.cordon.append(node)
+            count += 1
+    return result
+
+
+# ------------------------------------------------------------------------ what a cordon leaves on a node
+# The one home of the annotation keys: the agent writes them, ecc-cordon.yml and uncordon.yml read and
+# write them (module gpu_breaker_plan returns them).
+CORDON_ANNOTATION = "gpu-health.llm-platform.io/cordon"
+HISTORY_ANNOTATION = "gpu-health.llm-platform.io/history"
+HISTORY_LENGTH = 20
+
+
+def cordon_record(by: str, health: Mapping[str, Any], time: str) -> dict[str, Any]:
+    """The cordon annotation's content: who, when, the reason codes and the GPUs (index and UUID)."""
+    bad = [g for g in health.get("gpus", []) if g.get("verdict") == "unhealthy"]
+    reasons = sorted({r for g in bad for r in g.get("reasons", [])} | set(health.get("reasons", [])))
+    gpus = [{"index": g.get("index"), "uuid": g.get("uuid")} for g in bad]
+    where = ", ".join(f"GPU {g['index']}" for g in gpus) or "node"
+    return {
+        "by": by,
+        "time": time,
+        "reasons": reasons,
+        "gpus": gpus,
+        "message": f"{where}: {', '.join(reasons)}",
+    }
+
+
+def history_with(current: str | None, action: str, record: Mapping[str, Any]) -> str:
+    """The history annotation (JSON list, newest last, at most HISTORY_LENGTH entries) with one more entry."""
+    try:
+        history = json.loads(current) if current else []
+        if not isinstance(history, list):
+            history = []
+    except ValueError:
+        history = []
+    history.append({"action": action, **record})
+    return json.dumps(history[-HISTORY_LENGTH:], sort_keys=True)

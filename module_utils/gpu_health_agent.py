@@ -1,0 +1,619 @@
+"""GPU health agent: a small service on every GPU node (role gpu_health_agent).
+
+Every ``poll_interval`` seconds (sooner when NVML reports an Xid or a double-bit ECC event, where the
+driver supports events) it reads the GPUs through NVML, judges them with the rules of ``gpu_health``
+(module_utils/gpu_health_rules.py: one implementation), serves the verdicts as Prometheus metrics, and
+when its node turns unhealthy it cordons the node (spec.unschedulable), annotates it (reason codes, GPUs,
+time) and records a Node event. It never uncordons: a human runs playbooks/remediate/uncordon.yml.
+
+The circuit breaker (module_utils/gpu_breaker.py) is shared by all agents through one coordination.k8s.io
+Lease: an agent takes the Lease (optimistic concurrency on resourceVersion), lists the GPU nodes, applies
+the rule, cordons or holds back, and gives the Lease back; so three agents seeing faults at once decide one
+after the other, and the second sees the first's cordon. Held back: it logs, exposes
+``gpu_health_agent_breaker_held_back 1`` naming itself, and posts a Node event once.
+
+It talks to the API with its ServiceAccount token (a file) and the cluster CA over plain
+``http.client``; stdlib + pynvml only, so it runs in the nvidia-ml-py venv of role nvidia_driver. The role
+installs this file and the module_utils it imports into one directory that is put on PYTHONPATH as the
+namespace package ``ansible.module_utils`` (the way gpu_tuning's boot script finds them), and the unit runs
+``python3 -m ansible.module_utils.gpu_health_agent --config FILE``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import http.client
+import json
+import logging
+import signal
+import ssl
+import sys
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import ModuleType
+from typing import Any
+
+from ansible.module_utils.gpu_breaker import (
+    CORDON_ANNOTATION,
+    DEFAULT_MAX_CORDONED_PERCENT,
+    HISTORY_ANNOTATION,
+    cordon_record,
+    history_with,
+    plan,
+)
+from ansible.module_utils.gpu_health_rules import (
+    DEGRADED,
+    HEALTHY,
+    UNHEALTHY,
+    Finding,
+    gpu_findings,
+    node_findings,
+    verdict_of,
+    worst,
+)
+from ansible.module_utils.gpu_inventory import read_node
+from ansible.module_utils.nvml_session import NvmlUnavailable, describe_error, nvml_session
+
+LOG = logging.getLogger("gpu-health-agent")
+AGENT = "gpu-health-agent"
+VERDICTS = (HEALTHY, DEGRADED, UNHEALTHY)
+# NVML event types (nvmlEventType*): the ones that mean a GPU may have just failed
+NVML_EVENT_DOUBLE_BIT_ECC = 0x2
+NVML_EVENT_XID_CRITICAL = 0x8
+NVML_ERROR_TIMEOUT = 10
+
+
+# --------------------------------------------------------------------------------------------- config
+
+
+@dataclass
+class Config:
+    node_name: str
+    api_server: str
+    ca_file: str
+    token_file: str
+    lease_namespace: str
+    lease_name: str
+    events_namespace: str = "default"
+    gpu_node_selector: str = ""
+    max_cordoned_percent: int = DEFAULT_MAX_CORDONED_PERCENT
+    poll_interval: float = 5.0
+    expected_gpu_count: int | None = None
+    corrected_errors_threshold: int | None = None
+    metrics_address: str = "0.0.0.0"
+    metrics_port: int = 9445
+    lease_duration: int = 15
+    dry_run: bool = False
+
+    @classmethod
+    def load(cls, path: str) -> Config:
+        with open(path, encoding="utf-8") as f:
+            raw = json.load(f)
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ValueError(f"{path}: unknown setting(s) {', '.join(unknown)}")
+        missing = [
+            n
+            for n in ("node_name", "api_server", "ca_file", "token_file", "lease_namespace", "lease_name")
+            if not raw.get(n)
+        ]
+        if missing:
+            raise ValueError(f"{path}: missing setting(s) {', '.join(missing)}")
+        return cls(**raw)
+
+
+# ------------------------------------------------------------------------------------------ NVML side
+
+
+def assess(nvml: ModuleType, expected_gpu_count: int | None, threshold: int | None) -> dict[str, Any]:
+    """The node's verdict as the gpu_health module computes it (same rules, same result keys)."""
+    node_level: list[Finding] = []
+    gpus: list[dict[str, Any]] = []
+    try:
+        with nvml_session(nvml):
+            node = read_node(nvml, with_details=True)
+    except NvmlUnavailable as exc:
+        node_level.append(Finding("nvml_error", str(exc)))
+    except nvml.NVMLError as exc:
+        node_level.append(Finding("nvml_error", describe_error(exc, "Reading the GPUs")))
+    else:
+        node_level.extend(node_findings(node.system["gpu_count"], expected_gpu_count))
+        for reading in node.gpus:
+            findings = gpu_findings(reading.facts, reading.error_reason, threshold)
+            gpus.append(
+                {
+                    "index": reading.index,
+                    "uuid": reading.facts["uuid"],
+                    "verdict": verdict_of(findings),
+                    "reasons": [f.reason for f in findings],
+                    "messages": [f.message for f in findings],
+                }
+            )
+    verdict = worst([verdict_of(node_level)] + [g["verdict"] for g in gpus])
+    return {
+        "verdict": verdict,
+        "reasons": [f.reason for f in node_level],
+        "messages": [f.message for f in node_level],
+        "gpus": gpus,
+    }
+
+
+class NvmlEvents:
+    """Xid and double-bit ECC events, where the driver (and the bindings) support them.
+
+    ``wait(seconds)`` returns early when such an event arrives; without event support it just sleeps.
+    """
+
+    def __init__(self, nvml: ModuleType) -> None:
+        self.nvml = nvml
+        self.event_set: Any = None
+        self.supported = False
+        self.initialised = False
+
+    def open(self) -> None:
+        nvml = self.nvml
+        needed = ("nvmlEventSetCreate", "nvmlDeviceRegisterEvents", "nvmlEventSetWait_v2", "nvmlEventSetFree")
+        if not all(hasattr(nvml, name) for name in needed):
+            LOG.info("NVML events: not in these bindings; polling only")
+            return
+        try:
+            nvml.nvmlInit()
+        except nvml.NVMLError as exc:
+            LOG.warning("NVML events: NVML does not start (%s); polling only", exc)
+            return
+        self.initialised = True
+        try:
+            self.event_set = nvml.nvmlEventSetCreate()
+            registered = 0
+            for index in range(nvml.nvmlDeviceGetCount()):
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                try:
+                    nvml.nvmlDeviceRegisterEvents(
+                        handle, NVML_EVENT_XID_CRITICAL | NVML_EVENT_DOUBLE_BIT_ECC, self.event_set
+                    )
+                    registered += 1
+                except nvml.NVMLError as exc:
+                    LOG.info("NVML events: GPU %d: %s", index, exc)
+            self.supported = registered > 0
+            LOG.info("NVML events: Xid/double-bit ECC events on %d GPU(s)", registered)
+        except nvml.NVMLError as exc:
+            LOG.info("NVML events unavailable (%s); polling only", exc)
+        if not self.supported:
+            self.close()
+
+    def wait(self, seconds: float, stop: threading.Event) -> str | None:
+        """Sleep up to ``seconds``; return a description of the event that cut it short, if any."""
+        if not self.supported:
+            stop.wait(seconds)
+            return None
+        try:
+            data = self.nvml.nvmlEventSetWait_v2(self.event_set, int(seconds * 1000))
+        except self.nvml.NVMLError as exc:
+            if getattr(exc, "value", None) != NVML_ERROR_TIMEOUT:
+                LOG.warning("NVML event wait failed (%s): polling only from now on", exc)
+                self.close()
+            return None
+        return f"NVML event type {getattr(data, 'eventType', '?')} data {getattr(data, 'eventData', '?')}"
+
+    def close(self) -> None:
+        if self.event_set is not None:
+            with contextlib.suppress(self.nvml.NVMLError):
+                self.nvml.nvmlEventSetFree(self.event_set)
+            self.event_set = None
+        if self.initialised:
+            with contextlib.suppress(self.nvml.NVMLError):
+                self.nvml.nvmlShutdown()
+            self.initialised = False
+        self.supported = False
+
+
+# ------------------------------------------------------------------------------------------- API side
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, method: str, path: str, body: str) -> None:
+        super().__init__(f"{method} {path}: HTTP {status}: {body[:300]}")
+        self.status = status
+
+
+class KubeApi:
+    """The few REST calls the agent makes, with its ServiceAccount token (re-read on every call, so a
+    rotated token file is picked up)."""
+
+    def __init__(self, server: str, ca_file: str, token_file: str, timeout: float = 10) -> None:
+        url = urllib.parse.urlsplit(server)
+        if url.scheme != "https" or not url.hostname:
+            raise ValueError(f"api_server must be an https:// URL, got {server!r}")
+        self.host = url.hostname
+        self.port = url.port or 443
+        self.context = ssl.create_default_context(cafile=ca_file)
+        self.token_file = token_file
+        self.timeout = timeout
+
+    def _token(self) -> str:
+        with open(self.token_file, encoding="utf-8") as f:
+            return f.read().strip()
+
+    def request(
+        self, method: str, path: str, body: Any = None, content_type: str = "application/json"
+    ) -> Any:
+        headers = {"Accept": "application/json", "Authorization": f"Bearer {self._token()}"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = content_type
+        conn = http.client.HTTPSConnection(self.host, self.port, context=self.context, timeout=self.timeout)
+        try:
+            conn.request(method, path, body=data, headers=headers)
+            response = conn.getresponse()
+            raw = response.read().decode("utf-8", "replace")
+        finally:
+            conn.close()
+        if response.status >= 300:
+            raise ApiError(response.status, method, path, raw)
+        return json.loads(raw) if raw else None
+
+
+def now_utc() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def micro_time(moment: dt.datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def rfc3339(moment: dt.datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse_time(text: str | None) -> dt.datetime | None:
+    if not text:
+        return None
+    try:
+        return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+class BreakerLease:
+    """Mutual exclusion among the agents over one Lease; taken and given back around each decision."""
+
+    def __init__(self, api: KubeApi, namespace: str, name: str, holder: str, duration: int) -> None:
+        self.api = api
+        self.path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
+        self.holder = holder
+        self.duration = duration
+        self.lease: dict[str, Any] | None = None
+
+    def acquire(self) -> bool:
+        lease = self.api.request("GET", self.path)
+        spec = lease.setdefault("spec", {})
+        holder = spec.get("holderIdentity")
+        renewed = _parse_time(spec.get("renewTime"))
+        duration = spec.get("leaseDurationSeconds") or self.duration
+        moment = now_utc()
+        if holder and holder != self.holder and renewed and renewed + dt.timedelta(seconds=duration) > moment:
+            LOG.info("breaker Lease held by %s: deciding on the next poll", holder)
+            return False
+        spec.update(
+            holderIdentity=self.holder,
+            leaseDurationSeconds=self.duration,
+            acquireTime=micro_time(moment),
+            renewTime=micro_time(moment),
+        )
+        try:
+            self.lease = self.api.request("PUT", self.path, lease)
+        except ApiError as exc:
+            if exc.status == 409:  # another agent took it between our GET and PUT
+                LOG.info("breaker Lease taken by another agent: deciding on the next poll")
+                return False
+            raise
+        return True
+
+    def release(self) -> None:
+        if self.lease is None:
+            return
+        lease, self.lease = self.lease, None
+        lease["spec"]["holderIdentity"] = None
+        lease["spec"].pop("acquireTime", None)
+        try:
+            self.api.request("PUT", self.path, lease)
+        except ApiError as exc:  # it expires after leaseDurationSeconds anyway
+            LOG.warning("could not give the breaker Lease back (%s); it expires in %ss", exc, self.duration)
+
+
+# ---------------------------------------------------------------------------------------------- agent
+
+
+@dataclass
+class State:
+    health: dict[str, Any] = field(default_factory=lambda: {"verdict": HEALTHY, "reasons": [], "gpus": []})
+    polls: int = 0
+    poll_errors: int = 0
+    api_errors: int = 0
+    events: int = 0
+    last_poll: float = 0.0
+    cordoned: bool = False
+    cordoned_at: float = 0.0
+    held_back: str = ""
+
+
+class Agent:
+    def __init__(self, config: Config, nvml: ModuleType, api: KubeApi) -> None:
+        self.config = config
+        self.nvml = nvml
+        self.api = api
+        self.state = State()
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.lease = BreakerLease(
+            api, config.lease_namespace, config.lease_name, config.node_name, config.lease_duration
+        )
+        self.held_back_reported = False
+
+    # one poll: read, judge, act
+    def poll(self) -> None:
+        health = assess(self.nvml, self.config.expected_gpu_count, self.config.corrected_errors_threshold)
+        with self.lock:
+            self.state.health = health
+            self.state.polls += 1
+            self.state.last_poll = time.time()
+        if health["verdict"] != UNHEALTHY:
+            if self.state.held_back:
+                LOG.info("node no longer unhealthy (%s): nothing held back", health["verdict"])
+            with self.lock:
+                self.state.held_back = ""
+            self.held_back_reported = False
+            return
+        try:
+            self.act_on_unhealthy(health)
+        except (ApiError, OSError, ValueError) as exc:
+            with self.lock:
+                self.state.api_errors += 1
+            LOG.error("API: %s", exc)
+
+    def node_path(self, name: str) -> str:
+        return f"/api/v1/nodes/{urllib.parse.quote(name)}"
+
+    def act_on_unhealthy(self, health: dict[str, Any]) -> None:
+        me = self.config.node_name
+        node = self.api.request("GET", self.node_path(me))
+        if node.get("spec", {}).get("unschedulable"):
+            if not self.state.cordoned:
+                LOG.info("node %s unhealthy and already cordoned: nothing to do", me)
+            with self.lock:
+                self.state.cordoned = True
+                self.state.held_back = ""
+            return
+        if self.config.dry_run:
+            LOG.warning("dry run: would cordon %s (%s)", me, summary(health))
+            return
+        if not self.lease.acquire():
+            return
+        try:
+            selector = urllib.parse.urlencode({"labelSelector": self.config.gpu_node_selector})
+            nodes = self.api.request("GET", f"/api/v1/nodes?{selector}")["items"]
+            unschedulable = {
+                n["metadata"]["name"]: bool(n.get("spec", {}).get("unschedulable")) for n in nodes
+            }
+            decision = plan(unschedulable, [me], self.config.max_cordoned_percent)
+            if me in decision.cordon:
+                self.cordon(node, health)
+            elif me in decision.already_cordoned:
+                with self.lock:
+                    self.state.cordoned = True
+            else:
+                self.hold_back(decision.held_back[me], health)
+        finally:
+            self.lease.release()
+
+    def cordon(self, node: dict[str, Any], health: dict[str, Any]) -> None:
+        me = self.config.node_name
+        moment = now_utc()
+        record = cordon_record(AGENT, health, rfc3339(moment))
+        annotations = node["metadata"].get("annotations") or {}
+        patch = {
+            "metadata": {
+                "annotations": {
+                    CORDON_ANNOTATION: json.dumps(record, sort_keys=True),
+                    HISTORY_ANNOTATION: history_with(annotations.get(HISTORY_ANNOTATION), "cordon", record),
+                },
+                "resourceVersion": node["metadata"]["resourceVersion"],
+            },
+            "spec": {"unschedulable": True},
+        }
+        self.api.request("PATCH", self.node_path(me), patch, "application/merge-patch+json")
+        with self.lock:
+            self.state.cordoned = True
+            self.state.cordoned_at = time.time()
+            self.state.held_back = ""
+        LOG.warning("cordoned %s: %s", me, record["message"])
+        self.event(node, "GPUUnhealthyCordoned", f"{AGENT} cordoned the node: {record['message']}", moment)
+
+    def hold_back(self, why: str, health: dict[str, Any]) -> None:
+        me = self.config.node_name
+        with self.lock:
+            self.state.held_back = why
+        LOG.error("NOT cordoning %s although it is unhealthy (%s): %s", me, summary(health), why)
+        if not self.held_back_reported:
+            node = self.api.request("GET", self.node_path(me))
+            self.event(
+                node,
+                "GPUUnhealthyBreakerHeld",
+                f"{me} is unhealthy ({summary(health)}) but not cordoned: {why}",
+                now_utc(),
+                "Warning",
+            )
+            self.held_back_reported = True
+
+    def event(
+        self, node: dict[str, Any], reason: str, message: str, moment: dt.datetime, kind: str = "Warning"
+    ) -> None:
+        me = self.config.node_name
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{me}.gpu-health-", "namespace": self.config.events_namespace},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "name": me,
+                "uid": node["metadata"].get("uid"),
+            },
+            "reason": reason,
+            "message": message[:1000],
+            "type": kind,
+            "source": {"component": AGENT, "host": me},
+            "reportingComponent": AGENT,
+            "reportingInstance": me,
+            "firstTimestamp": rfc3339(moment),
+            "lastTimestamp": rfc3339(moment),
+            "count": 1,
+        }
+        self.api.request("POST", f"/api/v1/namespaces/{self.config.events_namespace}/events", body)
+        with self.lock:
+            self.state.events += 1
+
+    def run(self) -> None:
+        events = NvmlEvents(self.nvml)
+        events.open()
+        try:
+            while not self.stop.is_set():
+                try:
+                    self.poll()
+                except Exception:  # one bad poll must not kill the watchdog
+                    with self.lock:
+                        self.state.poll_errors += 1
+                    LOG.exception("poll failed")
+                woke = events.wait(self.config.poll_interval, self.stop)
+                if woke:
+                    LOG.warning("%s: checking the GPUs now", woke)
+        finally:
+            events.close()
+
+    # metrics
+    def metrics(self) -> str:
+        with self.lock:
+            s = self.state
+            health = s.health
+            lines = [
+                "# HELP gpu_health_agent_node_verdict The node's verdict (1 for the current one).",
+                "# TYPE gpu_health_agent_node_verdict gauge",
+            ]
+            lines += [
+                f'gpu_health_agent_node_verdict{{node="{self.config.node_name}",verdict="{v}"}} '
+                f"{int(health['verdict'] == v)}"
+                for v in VERDICTS
+            ]
+            lines += [
+                "# HELP gpu_health_agent_gpu_verdict Each GPU's verdict (1 for the current one).",
+                "# TYPE gpu_health_agent_gpu_verdict gauge",
+            ]
+            for gpu in health["gpus"]:
+                for v in VERDICTS:
+                    lines.append(
+                        f'gpu_health_agent_gpu_verdict{{gpu="{gpu["index"]}",uuid="{gpu["uuid"] or ""}",'
+                        f'verdict="{v}"}} {int(gpu["verdict"] == v)}'
+                    )
+            lines += [
+                "# HELP gpu_health_agent_gpu_reason A reason code found on a GPU (gpu_health's table).",
+                "# TYPE gpu_health_agent_gpu_reason gauge",
+            ]
+            for gpu in health["gpus"]:
+                for reason in gpu["reasons"]:
+                    lines.append(f'gpu_health_agent_gpu_reason{{gpu="{gpu["index"]}",reason="{reason}"}} 1')
+            for reason in health["reasons"]:
+                lines.append(f'gpu_health_agent_gpu_reason{{gpu="node",reason="{reason}"}} 1')
+            held = _escape(s.held_back)
+            lines += [
+                "# HELP gpu_health_agent_cordoned Whether the node is cordoned (seen or done by the agent).",
+                "# TYPE gpu_health_agent_cordoned gauge",
+                f'gpu_health_agent_cordoned{{node="{self.config.node_name}"}} {int(s.cordoned)}',
+                "# HELP gpu_health_agent_breaker_held_back 1 when the node is unhealthy but the circuit "
+                "breaker kept the agent from cordoning it.",
+                "# TYPE gpu_health_agent_breaker_held_back gauge",
+                f'gpu_health_agent_breaker_held_back{{node="{self.config.node_name}",why="{held}"}} '
+                f"{int(bool(s.held_back))}",
+                "# TYPE gpu_health_agent_polls_total counter",
+                f"gpu_health_agent_polls_total {s.polls}",
+                "# TYPE gpu_health_agent_poll_errors_total counter",
+                f"gpu_health_agent_poll_errors_total {s.poll_errors}",
+                "# TYPE gpu_health_agent_api_errors_total counter",
+                f"gpu_health_agent_api_errors_total {s.api_errors}",
+                "# TYPE gpu_health_agent_last_poll_timestamp_seconds gauge",
+                f"gpu_health_agent_last_poll_timestamp_seconds {s.last_poll:.3f}",
+            ]
+        return "\n".join(lines) + "\n"
+
+
+def _escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")
+
+
+def summary(health: dict[str, Any]) -> str:
+    parts = list(health["reasons"])
+    parts += [f"GPU {g['index']} {','.join(g['reasons'])}" for g in health["gpus"] if g["reasons"]]
+    return health["verdict"] + (": " + "; ".join(parts) if parts else "")
+
+
+def serve_metrics(agent: Agent) -> ThreadingHTTPServer:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path.split("?")[0] not in ("/metrics", "/"):
+                self.send_error(404)
+                return
+            body = agent.metrics().encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+    server = ThreadingHTTPServer((agent.config.metrics_address, agent.config.metrics_port), Handler)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    return server
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=AGENT, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True, help="the JSON settings file the role writes")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s", stream=sys.stderr)
+    try:
+        config = Config.load(args.config)
+        api = KubeApi(config.api_server, config.ca_file, config.token_file)
+    except (OSError, ValueError, TypeError) as exc:
+        LOG.error("bad settings: %s", exc)
+        return 2
+    try:
+        import pynvml
+    except ImportError:
+        LOG.error("pynvml (nvidia-ml-py) cannot be imported by %s", sys.executable)
+        return 2
+    agent = Agent(config, pynvml, api)
+    server = serve_metrics(agent)
+    signal.signal(signal.SIGTERM, lambda *_: agent.stop.set())
+    LOG.info(
+        "watching %s's GPUs every %ss; metrics on :%d",
+        config.node_name,
+        config.poll_interval,
+        config.metrics_port,
+    )
+    try:
+        agent.run()
+    finally:
+        server.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,464 @@
+"""The GPU health agent (module_utils/gpu_health_agent.py) against the lab's fake NVML and the lab's
+Kubernetes API stand-in (started here on 127.0.0.1 with its own PKI, as test_kube_standin_conformance.py
+does, with REAL RBAC enforcement).
+
+Each agent runs as the role runs it: ``python3 -m ansible.module_utils.gpu_health_agent --config F`` with
+PYTHONPATH = a directory holding the module_utils files the role installs (its vars/main.yml list) and the
+fake ``pynvml``, ``-S`` so the test venv's real ansible package is not on the path (the node has none);
+one process per node, each with its own fake NVML state file; it authenticates with the ServiceAccount
+token the role's manifests produce, never a certificate.
+
+Benchmark (docs/benchmarks.md): ``.venv/bin/python tests/unit/test_gpu_health_agent.py --bench 10``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "lab" / "kube"))
+sys.path.insert(0, str(ROOT / "tests" / "lab" / "fake_nvml"))
+
+import fake_nvml_ctl  # noqa: E402
+from kube_standin.testing import ApiProcess, Client, FakeKubelet, free_port, make_pki  # noqa: E402
+
+ROLE = ROOT / "roles" / "gpu_health_agent"
+GPU_LABEL = {"nvidia.com/gpu.present": "true"}
+NODES = {f"gpu-node-{i}": {"gpus": 4, "ip": f"10.89.42.1{i}", "labels": GPU_LABEL} for i in (1, 2, 3)}
+CORDON = "gpu-health.llm-platform.io/cordon"
+HISTORY = "gpu-health.llm-platform.io/history"
+
+
+def role_vars() -> dict[str, Any]:
+    values = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+    values.update(yaml.safe_load((ROLE / "vars" / "main.yml").read_text()))
+    return values
+
+
+def rendered_manifests() -> list[dict[str, Any]]:
+    """The role's RBAC template rendered with the role's defaults."""
+    text = jinja2.Template((ROLE / "templates" / "gpu-health-agent-rbac.yaml.j2").read_text()).render(
+        role_vars()
+    )
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+def api_path(obj: dict[str, Any], named: bool = False) -> str:
+    group_version = obj["apiVersion"]
+    prefix = "/api/v1" if group_version == "v1" else f"/apis/{group_version}"
+    plural = {
+        "Namespace": "namespaces",
+        "ServiceAccount": "serviceaccounts",
+        "Secret": "secrets",
+        "ClusterRole": "clusterroles",
+        "ClusterRoleBinding": "clusterrolebindings",
+        "Role": "roles",
+        "RoleBinding": "rolebindings",
+        "Lease": "leases",
+    }[obj["kind"]]
+    ns = obj["metadata"].get("namespace")
+    path = f"{prefix}/namespaces/{ns}/{plural}" if ns else f"{prefix}/{plural}"
+    return f"{path}/{obj['metadata']['name']}" if named else path
+
+
+class Cluster:
+    """API stand-in, three registered GPU nodes, the role's objects, the agent's token, and agents."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.pki = make_pki(tmp / "pki", {"admin": ("kubernetes-admin", ["system:masters"])})
+        self.api = ApiProcess(self.pki, tmp / "state.json")
+        self.api.start()
+        self.admin = Client(self.api, "admin")
+        self.kubelet = FakeKubelet(self.admin, NODES)
+        self.kubelet.start()
+        for obj in rendered_manifests():
+            self.admin.ok("POST", api_path(obj), obj)
+        v = role_vars()
+        self.namespace = v["gpu_health_agent_namespace"]
+        self.lease_path = api_path(next(o for o in rendered_manifests() if o["kind"] == "Lease"), named=True)
+        secret_path = f"/api/v1/namespaces/{self.namespace}/secrets/{v['__gpu_health_agent_name']}-token"
+        self.token = base64.b64decode(
+            wait(lambda: self.admin.ok("GET", secret_path).get("data", {}).get("token"))
+        ).decode()
+        self.token_file = tmp / "token"
+        self.token_file.write_text(self.token)
+        self.agent_client = Client(self.api, None, self.token)
+        self.lib = tmp / "lib"
+        code = self.lib / "ansible" / "module_utils"
+        code.mkdir(parents=True)
+        for name in v["__gpu_health_agent_module_utils"]:
+            shutil.copy(ROOT / "module_utils" / name, code / name)
+        self.agents: dict[str, Agent] = {}
+
+    def reset(self) -> None:
+        for agent in self.agents.values():
+            agent.stop()
+        self.agents.clear()
+        for name in NODES:
+            node = self.node(name)
+            annotations = node["metadata"].get("annotations") or {}
+            patch: dict[str, Any] = {"spec": {"unschedulable": None}}
+            drop = {k: None for k in annotations if k.startswith("gpu-health.llm-platform.io/")}
+            if drop:
+                patch["metadata"] = {"annotations": drop}
+            self.admin.ok("PATCH", f"/api/v1/nodes/{name}", patch, "application/merge-patch+json")
+        self.admin.ok("DELETE", "/api/v1/namespaces/default/events")
+
+    def node(self, name: str) -> dict[str, Any]:
+        return self.admin.ok("GET", f"/api/v1/nodes/{name}")
+
+    def cordoned(self) -> list[str]:
+        return sorted(n for n in NODES if self.node(n).get("spec", {}).get("unschedulable"))
+
+    def events(self, node: str) -> list[dict[str, Any]]:
+        items = self.admin.ok("GET", "/api/v1/namespaces/default/events")["items"]
+        return [e for e in items if e.get("involvedObject", {}).get("name") == node]
+
+    def start_agent(self, name: str, poll_interval: float = 1) -> Agent:
+        agent = Agent(self, name, poll_interval)
+        self.agents[name] = agent
+        return agent
+
+    def close(self) -> None:
+        self.reset()
+        self.kubelet.stop()
+        self.api.stop()
+
+
+class Agent:
+    """One node: its fake NVML state and the agent process as the role's unit runs it."""
+
+    def __init__(self, cluster: Cluster, name: str, poll_interval: float) -> None:
+        self.name = name
+        folder = cluster.tmp / name
+        folder.mkdir(exist_ok=True)
+        self.state = folder / "state.json"
+        self.library = folder / "libnvidia-ml.so.1"
+        self.library.write_text(f"# lab stand-in\nversion={fake_nvml_ctl.DEFAULT_DRIVER_VERSION}\n")
+        self.state.write_text(json.dumps(fake_nvml_ctl.build_state("a100-pcie-40gb-x4", name)))
+        self.port = free_port()
+        config = {
+            "node_name": name,
+            "api_server": cluster.api.url,
+            "ca_file": str(cluster.pki.ca),
+            "token_file": str(cluster.token_file),
+            "lease_namespace": cluster.namespace,
+            "lease_name": role_vars()["__gpu_health_agent_lease"],
+            "gpu_node_selector": "nvidia.com/gpu.present=true",
+            "poll_interval": poll_interval,
+            "corrected_errors_threshold": 1000,
+            "metrics_address": "127.0.0.1",
+            "metrics_port": self.port,
+        }
+        self.config = folder / "config.json"
+        self.config.write_text(json.dumps(config))
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": f"{cluster.lib}{os.pathsep}{ROOT / 'tests' / 'lab' / 'fake_nvml'}",
+            "FAKE_NVML_STATE": str(self.state),
+            "FAKE_NVML_LIBRARY": str(self.library),
+        }
+        self.log = folder / "agent.log"
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-S",
+                    "-m",
+                    "ansible.module_utils.gpu_health_agent",
+                    "--config",
+                    str(self.config),
+                ],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        wait(
+            lambda: self.metrics() is not None and "gpu_health_agent_polls_total 0" not in self.metrics(), 15
+        )
+
+    def fault(self, *args: str) -> None:
+        """fake-nvml (scripts/lab-fault's GPU faults) on this node's state."""
+        env = {**os.environ, "FAKE_NVML_STATE": str(self.state), "FAKE_NVML_LIBRARY": str(self.library)}
+        subprocess.run(
+            [sys.executable, str(ROOT / "tests" / "lab" / "fake_nvml" / "fake_nvml_ctl.py"), *args],
+            env=env,
+            check=True,
+            capture_output=True,
+        )
+
+    def metrics(self) -> str | None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=2) as response:
+                return response.read().decode()
+        except OSError:
+            return None
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=15)
+
+
+def wait(what: Callable[[], Any], timeout: float = 30, step: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        got = what()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(step)
+
+
+def make_cluster(tmp: Path) -> Cluster:
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl CLI is needed to make the test PKI")
+    return Cluster(tmp)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    made = make_cluster(tmp_path_factory.mktemp("gha"))
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def agents(cluster: Cluster) -> Iterator[dict[str, Agent]]:
+    cluster.reset()
+    for name in NODES:
+        cluster.start_agent(name)
+    yield cluster.agents
+    for name, agent in cluster.agents.items():
+        print(f"--- {name} agent log\n{agent.log.read_text()}")
+    cluster.reset()
+
+
+# ------------------------------------------------------------------------------------------------ tests
+
+
+def test_uncorrectable_ecc_cordons_within_30s_with_reason_and_event(
+    cluster: Cluster, agents: dict[str, Agent]
+) -> None:
+    started = time.monotonic()
+    agents["gpu-node-2"].fault("ecc", "--gpu", "1", "--uncorrectable", "1")
+    wait(lambda: cluster.cordoned() == ["gpu-node-2"], timeout=30)
+    elapsed = time.monotonic() - started
+    assert elapsed < 30
+    annotations = cluster.node("gpu-node-2")["metadata"]["annotations"]
+    record = json.loads(annotations[CORDON])
+    assert record["by"] == "gpu-health-agent"
+    assert record["reasons"] == ["ecc_uncorrectable_volatile"]
+    assert record["gpus"][0]["index"] == 1 and record["gpus"][0]["uuid"].startswith("GPU-")
+    assert record["time"].endswith("Z")
+    assert json.loads(annotations[HISTORY])[-1]["action"] == "cordon"
+    events = cluster.events("gpu-node-2")
+    assert [e["reason"] for e in events] == ["GPUUnhealthyCordoned"]
+    assert "GPU 1: ecc_uncorrectable_volatile" in events[0]["message"]
+    metrics = agents["gpu-node-2"].metrics() or ""
+    assert 'gpu_health_agent_gpu_reason{gpu="1",reason="ecc_uncorrectable_volatile"} 1' in metrics
+    assert 'gpu_health_agent_node_verdict{node="gpu-node-2",verdict="unhealthy"} 1' in metrics
+    assert 'gpu_health_agent_cordoned{node="gpu-node-2"} 1' in metrics
+    # the others stay in service, and the agent never uncordons, even once the fault is gone
+    agents["gpu-node-2"].fault("reset")
+    wait(lambda: 'verdict="healthy"} 1' in (agents["gpu-node-2"].metrics() or ""))
+    time.sleep(2.5)
+    assert cluster.cordoned() == ["gpu-node-2"]
+    assert len(cluster.events("gpu-node-2")) == 1
+
+
+def test_corrected_errors_alone_cordon_nothing(cluster: Cluster, agents: dict[str, Agent]) -> None:
+    agents["gpu-node-1"].fault("ecc", "--gpu", "0", "--corrected", "999")  # below the threshold
+    agents["gpu-node-3"].fault("ecc", "--gpu", "2", "--corrected", "5000")  # above: degraded, not unhealthy
+    agents["gpu-node-2"].fault("ecc", "--gpu", "3", "--uncorrectable", "4", "--aggregate")  # history
+    wait(lambda: 'reason="ecc_corrected_over_threshold"} 1' in (agents["gpu-node-3"].metrics() or ""))
+    time.sleep(3)  # three more polls each
+    assert cluster.cordoned() == []
+    assert 'verdict="healthy"} 1' in (agents["gpu-node-1"].metrics() or "")
+    assert 'gpu_health_agent_node_verdict{node="gpu-node-3",verdict="degraded"} 1' in (
+        agents["gpu-node-3"].metrics() or ""
+    )
+    assert 'gpu_health_agent_node_verdict{node="gpu-node-2",verdict="healthy"} 1' in (
+        agents["gpu-node-2"].metrics() or ""
+    )
+    assert all(not cluster.events(n) for n in NODES)
+
+
+def test_two_faulty_nodes_exactly_one_cordoned_the_breaker_names_the_other(
+    cluster: Cluster, agents: dict[str, Agent]
+) -> None:
+    agents["gpu-node-2"].fault("ecc", "--gpu", "0", "--uncorrectable", "1")
+    agents["gpu-node-3"].fault("remap", "--gpu", "1", "--pending")
+    cordoned = wait(lambda: cluster.cordoned(), timeout=30)
+    assert len(cordoned) == 1
+    other = "gpu-node-3" if cordoned == ["gpu-node-2"] else "gpu-node-2"
+    held = f'gpu_health_agent_breaker_held_back{{node="{other}",why="circuit breaker: 1 of 3 GPU nodes'
+    wait(lambda: held in (agents[other].metrics() or ""), timeout=15)
+    time.sleep(3)
+    assert cluster.cordoned() == cordoned
+    assert [e["reason"] for e in cluster.events(other)] == ["GPUUnhealthyBreakerHeld"]
+    assert "circuit breaker" in cluster.events(other)[0]["message"]
+    assert 'gpu_health_agent_breaker_held_back{node="gpu-node-1",why=""} 0' in (
+        agents["gpu-node-1"].metrics() or ""
+    )
+    lease = cluster.admin.ok("GET", cluster.lease_path)
+    assert not lease["spec"].get("holderIdentity"), "an agent kept the breaker Lease"
+
+
+def test_agent_token_rbac_on_the_api(cluster: Cluster) -> None:
+    """The role's ServiceAccount, through the stand-in's real RBAC: exactly what the agent needs."""
+    sa = cluster.agent_client
+    ns = cluster.namespace
+    assert sa.request("GET", "/api/v1/nodes/gpu-node-2")[0] == 200
+    assert sa.request("GET", "/api/v1/nodes?labelSelector=nvidia.com%2Fgpu.present%3Dtrue")[0] == 200
+    patch = {"metadata": {"annotations": {"rbac-test": "1"}}}
+    assert (
+        sa.request(
+            "PATCH", "/api/v1/nodes/gpu-node-3", json.dumps(patch).encode(), "application/merge-patch+json"
+        )[0]
+        == 200
+    )
+    lease = sa.ok("GET", cluster.lease_path)
+    assert sa.request("PUT", cluster.lease_path, lease)[0] == 200
+    event = {
+        "metadata": {"generateName": "x-"},
+        "involvedObject": {"kind": "Node", "name": "gpu-node-3"},
+        "reason": "Test",
+        "message": "m",
+    }
+    assert sa.request("POST", "/api/v1/namespaces/default/events", event)[0] == 201
+    # and nothing else
+    other_lease = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": "someone-else", "namespace": ns},
+        "spec": {},
+    }
+    cluster.admin.ok("POST", f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases", other_lease)
+    forbidden = [
+        ("GET", f"/api/v1/namespaces/{ns}/secrets", None),
+        ("GET", "/api/v1/namespaces/kube-system/secrets", None),
+        ("GET", f"/api/v1/namespaces/{ns}/secrets/gpu-health-agent-token", None),
+        ("DELETE", "/api/v1/namespaces/default/pods/anything", None),
+        ("POST", "/api/v1/namespaces/default/pods/anything/eviction", {"metadata": {"name": "anything"}}),
+        ("DELETE", "/api/v1/nodes/gpu-node-3", None),
+        ("POST", "/api/v1/nodes", {"metadata": {"name": "rogue"}}),
+        ("PUT", f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/someone-else", other_lease),
+        ("GET", f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/someone-else", None),
+        ("DELETE", cluster.lease_path, None),
+        ("GET", "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/gpu-node-1", None),
+        ("POST", f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases", other_lease),
+        ("POST", "/api/v1/namespaces/kube-system/events", event),
+        ("GET", "/api/v1/namespaces/default/events", None),
+        ("PATCH", "/api/v1/nodes/gpu-node-3/status", {"status": {}}),
+    ]
+    for method, path, body in forbidden:
+        data = json.dumps(body).encode() if body is not None else None
+        ctype = "application/merge-patch+json" if method == "PATCH" else "application/json"
+        code, _ = sa.request(method, path, data, ctype)
+        assert code == 403, f"the agent's token may {method} {path} ({code})"
+
+
+def test_rendered_rbac_is_least_privilege() -> None:
+    docs = rendered_manifests()
+    rules = {
+        (d["kind"], d["metadata"]["name"], d["metadata"].get("namespace")): d["rules"]
+        for d in docs
+        if d["kind"] in ("Role", "ClusterRole")
+    }
+    assert rules == {
+        ("ClusterRole", "gpu-health-agent", None): [
+            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]}
+        ],
+        ("Role", "gpu-health-agent-events", "default"): [
+            {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}
+        ],
+        ("Role", "gpu-health-agent-lease", "gpu-health"): [
+            {
+                "apiGroups": ["coordination.k8s.io"],
+                "resources": ["leases"],
+                "resourceNames": ["gpu-health-breaker"],
+                "verbs": ["get", "update"],
+            }
+        ],
+    }
+    bindings = [d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")]
+    assert len(bindings) == 3
+    for binding in bindings:
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "gpu-health-agent", "namespace": "gpu-health"}
+        ]
+        assert (binding["roleRef"]["kind"], binding["roleRef"]["name"]) in {
+            (kind, name) for kind, name, _ in rules
+        }
+    sa = next(d for d in docs if d["kind"] == "ServiceAccount")
+    assert sa["automountServiceAccountToken"] is False
+
+
+def test_installed_module_utils_are_the_agents_imports() -> None:
+    """The role installs exactly the module_utils files the agent imports, transitively."""
+    import ast
+
+    wanted, todo = set(), ["gpu_health_agent.py"]
+    while todo:
+        name = todo.pop()
+        wanted.add(name)
+        tree = ast.parse((ROOT / "module_utils" / name).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ansible.module_utils."):
+                dep = node.module.rsplit(".", 1)[1] + ".py"
+                if (ROOT / "module_utils" / dep).exists() and dep not in wanted:
+                    todo.append(dep)
+    assert set(role_vars()["__gpu_health_agent_module_utils"]) == wanted
+
+
+# --------------------------------------------------------------------------------------------- benchmark
+
+
+def bench(runs: int) -> None:
+    """Time from the fault written to the node's cordon visible in the API, agents at the role's default
+    poll interval."""
+    import tempfile
+
+    poll = float(role_vars()["gpu_health_agent_poll_interval"])
+    with tempfile.TemporaryDirectory() as tmp:
+        cluster = Cluster(Path(tmp))
+        try:
+            samples = []
+            for _ in range(runs):
+                cluster.reset()
+                agent = cluster.start_agent("gpu-node-2", poll_interval=poll)
+                time.sleep(poll * 0.37 + (len(samples) % 5) * poll / 5)  # faults land anywhere in a poll
+                started = time.monotonic()
+                agent.fault("ecc", "--gpu", "1", "--uncorrectable", "1")
+                wait(lambda: cluster.cordoned() == ["gpu-node-2"], timeout=30, step=0.02)
+                samples.append(time.monotonic() - started)
+            cluster.reset()
+        finally:
+            cluster.close()
+    print(
+        f"poll interval {poll:g} s, {runs} runs: fault -> cordon seconds "
+        f"median {statistics.median(samples):.2f}, min {min(samples):.2f}, max {max(samples):.2f}"
+    )
+    print("samples:", " ".join(f"{s:.2f}" for s in samples))
+
+
+if __name__ == "__main__":
+    bench(int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[1] == "--bench" else 10)
