@@ -117,3 +117,101 @@ def history_with(current: str | None, action: str, record: Mapping[str, Any]) ->
         history = []
     history.append({"action": action, **record})
     return json.dumps(history[-HISTORY_LENGTH:], sort_keys=True)
+
+
+# ---------------------------------------------------------------------- what the remediation playbooks do
+
+
+def unhealthy_record(health: Mapping[str, Any]) -> bool:
+    return health.get("verdict") == "unhealthy"
+
+
+def cordon_patches(
+    nodes: Iterable[Mapping[str, Any]],
+    health: Mapping[str, Mapping[str, Any]],
+    by: str,
+    time: str,
+    max_cordoned_percent: int = DEFAULT_MAX_CORDONED_PERCENT,
+) -> dict[str, Any]:
+    """ecc-cordon.yml's decision over the whole inventory: ``nodes`` are the GPU Node objects, ``health``
+    each host's gpu_health result. Returns the breaker plan, the merge patches (cordon + annotations) for
+    the nodes to cordon, those already cordoned for the same reasons (nothing to do) and those cordoned for
+    other reasons (reported, left alone)."""
+    by_name = {n["metadata"]["name"]: n for n in nodes}
+    unschedulable = {name: bool((n.get("spec") or {}).get("unschedulable")) for name, n in by_name.items()}
+    unhealthy = [host for host, result in health.items() if unhealthy_record(result)]
+    decision = plan(unschedulable, unhealthy, max_cordoned_percent)
+    patches: dict[str, Any] = {}
+    records: dict[str, Any] = {}
+    for name in decision.cordon:
+        record = cordon_record(by, health[name], time)
+        annotations = by_name[name]["metadata"].get("annotations") or {}
+        records[name] = record
+        patches[name] = {
+            "metadata": {
+                "annotations": {
+                    CORDON_ANNOTATION: json.dumps(record, sort_keys=True),
+                    HISTORY_ANNOTATION: history_with(annotations.get(HISTORY_ANNOTATION), "cordon", record),
+                }
+            },
+            "spec": {"unschedulable": True},
+        }
+    same, other = [], {}
+    for name in decision.already_cordoned:
+        current = _record_of(by_name[name])
+        wanted = cordon_record(by, health[name], time)["reasons"]
+        if current is not None and current.get("reasons") == wanted:
+            same.append(name)
+        else:
+            other[name] = current["message"] if current else "cordoned without a GPU health annotation"
+    return {
+        **decision.as_dict(),
+        "unhealthy": sorted(unhealthy),
+        "patches": patches,
+        "records": records,
+        "already_same_reason": same,
+        "already_other_reason": other,
+    }
+
+
+def _record_of(node: Mapping[str, Any]) -> dict[str, Any] | None:
+    raw = (node.get("metadata", {}).get("annotations") or {}).get(CORDON_ANNOTATION)
+    try:
+        record = json.loads(raw) if raw else None
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def uncordon_patch(
+    node: Mapping[str, Any], health: Mapping[str, Any], by: str, time: str, force: bool
+) -> tuple[dict[str, Any] | None, str]:
+    """uncordon.yml's decision for one node: (merge patch or None, why). Refused while gpu_health says the
+    node is unhealthy, unless ``force``, which the history records with the verdict at that moment."""
+    verdict = health.get("verdict", "unknown")
+    if verdict == "unhealthy" and not force:
+        return (
+            None,
+            f"refused: gpu_health says {health.get('msg') or verdict} now; fix the GPU or pass force=true",
+        )
+    if not (node.get("spec") or {}).get("unschedulable") and _record_of(node) is None:
+        return None, "nothing to do: not cordoned and no GPU health annotation"
+    annotations = node.get("metadata", {}).get("annotations") or {}
+    entry = {
+        "by": by,
+        "time": time,
+        "verdict": verdict,
+        "forced": bool(force and verdict == "unhealthy"),
+        "cordon": _record_of(node),
+    }
+    action = "force-uncordon" if entry["forced"] else "uncordon"
+    patch = {
+        "metadata": {
+            "annotations": {
+                CORDON_ANNOTATION: None,
+                HISTORY_ANNOTATION: history_with(annotations.get(HISTORY_ANNOTATION), action, entry),
+            }
+        },
+        "spec": {"unschedulable": None},
+    }
+    return patch, f"{action}: gpu_health says {verdict}"

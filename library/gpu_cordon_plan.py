@@ -1,0 +1,211 @@
+#!/usr/bin/python
+"""Ansible module gpu_cordon_plan: the circuit breaker's decision for the remediation playbooks."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: gpu_cordon_plan
+short_description: Decide which GPU nodes to cordon or uncordon, within the circuit breaker
+description:
+  - The decision of C(playbooks/remediate/ecc-cordon.yml) and C(uncordon.yml), computed by the same code
+    as the GPU health agent's (C(module_utils/gpu_breaker.py)), so a playbook and the agents never disagree
+    on how many nodes may be out of service.
+  - "O(action=cordon): from the GPU Node objects and every host's C(gpu_health) result, which unhealthy nodes
+    may be cordoned now (at most O(max_cordoned_percent) of the GPU nodes, rounded down, never the last
+    schedulable one), which the breaker holds back (named, with why), which are already cordoned for the same
+    reasons (nothing to do) or for others; and the merge patch (cordon + annotations) for each to cordon."
+  - "O(action=uncordon): for O(node), the merge patch that uncordons it and removes the cordon annotation,
+    appending to the annotation history; refused (no patch) while O(health) is unhealthy unless O(force)."
+  - Computes only; it changes nothing (the playbook applies the patches with kubernetes.core.k8s), so it
+    reports C(changed=false) and runs the same in check mode.
+version_added: "0.1.0"
+author: "A100 LLM platform team"
+options:
+  action:
+    description: What to decide.
+    type: str
+    choices: [cordon, uncordon]
+    required: true
+  nodes:
+    description: The GPU Node objects (as kubernetes.core.k8s_info returns them).
+    type: list
+    elements: dict
+    required: true
+  health:
+    description:
+      - C(gpu_health) results by node name. For O(action=uncordon), the result for O(node) (a dict with
+        C(verdict) and C(msg)).
+    type: dict
+    required: true
+  node:
+    description: The node to uncordon (O(action=uncordon)).
+    type: str
+  force:
+    description: Uncordon even though the node is unhealthy now; recorded in the history annotation.
+    type: bool
+    default: false
+  by:
+    description: Who decides, written into the annotations (the playbook's name).
+    type: str
+    required: true
+  max_cordoned_percent:
+    description: At most this percent of the GPU nodes (rounded down) may be cordoned at once.
+    type: int
+    default: 34
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+extends_documentation_fragment:
+  - llm_platform
+seealso:
+  - module: gpu_health
+"""
+
+EXAMPLES = r"""
+- name: Decide which unhealthy GPU nodes to cordon
+  gpu_cordon_plan:
+    action: cordon
+    nodes: "{{ gpu_nodes.resources }}"
+    health: "{{ dict(groups['gpu_nodes'] | zip(groups['gpu_nodes'] | map('extract', hostvars, 'health'))) }}"
+    by: ecc-cordon.yml
+  register: plan
+
+- name: Decide whether gpu-node-2 may be uncordoned
+  gpu_cordon_plan:
+    action: uncordon
+    node: gpu-node-2
+    nodes: "{{ gpu_nodes.resources }}"
+    health: "{{ hostvars['gpu-node-2'].health }}"
+    force: false
+    by: uncordon.yml
+  register: plan
+"""
+
+RETURN = r"""
+annotation:
+  description: The annotation key holding the cordon record (JSON with by, time, reasons, gpus, message).
+  returned: always
+  type: str
+  sample: gpu-health.llm-platform.io/cordon
+history_annotation:
+  description: The annotation key holding the history (JSON list of cordon/uncordon entries).
+  returned: always
+  type: str
+time:
+  description: The time written into the records (UTC, RFC 3339).
+  returned: always
+  type: str
+limit:
+  description: How many GPU nodes may be cordoned at once (O(action=cordon)).
+  returned: action is cordon
+  type: int
+  sample: 1
+cordon:
+  description: Nodes to cordon now.
+  returned: action is cordon
+  type: list
+  elements: str
+held_back:
+  description: Unhealthy nodes the breaker leaves alone, with why.
+  returned: action is cordon
+  type: dict
+already_same_reason:
+  description: Unhealthy nodes already cordoned for the same reasons (nothing to do).
+  returned: action is cordon
+  type: list
+  elements: str
+already_other_reason:
+  description: Unhealthy nodes already cordoned for another reason or by hand, with their annotation.
+  returned: action is cordon
+  type: dict
+unhealthy:
+  description: Nodes whose gpu_health verdict is unhealthy.
+  returned: action is cordon
+  type: list
+  elements: str
+cordoned_before:
+  description: GPU nodes cordoned before this decision.
+  returned: action is cordon
+  type: list
+  elements: str
+patches:
+  description:
+    - Merge patches by node name (O(action=cordon)), or the one patch for O(node) (O(action=uncordon);
+      null when refused or nothing to do).
+  returned: always
+  type: raw
+records:
+  description: The cordon record per node to cordon (reasons, GPUs, time, message).
+  returned: action is cordon
+  type: dict
+refused:
+  description: Whether the uncordon was refused because the node is unhealthy now.
+  returned: action is uncordon
+  type: bool
+msg:
+  description: One-line summary of the decision.
+  returned: always
+  type: str
+"""
+
+import datetime as dt
+from typing import Any
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.gpu_breaker import (
+    CORDON_ANNOTATION,
+    HISTORY_ANNOTATION,
+    cordon_patches,
+    uncordon_patch,
+)
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "action": {"type": "str", "choices": ["cordon", "uncordon"], "required": True},
+            "nodes": {"type": "list", "elements": "dict", "required": True},
+            "health": {"type": "dict", "required": True},
+            "node": {"type": "str"},
+            "force": {"type": "bool", "default": False},
+            "by": {"type": "str", "required": True},
+            "max_cordoned_percent": {"type": "int", "default": 34},
+        },
+        required_if=[("action", "uncordon", ["node"])],
+        supports_check_mode=True,
+    )
+    p = module.params
+    if not 0 <= p["max_cordoned_percent"] <= 100:
+        module.fail_json(msg=f"max_cordoned_percent must be 0..100, got {p['max_cordoned_percent']}")
+    for node in p["nodes"]:
+        if not isinstance(node.get("metadata"), dict) or not node["metadata"].get("name"):
+            module.fail_json(msg="nodes: every element must be a Node object with metadata.name")
+    time = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    common: dict[str, Any] = {
+        "changed": False,
+        "annotation": CORDON_ANNOTATION,
+        "history_annotation": HISTORY_ANNOTATION,
+        "time": time,
+    }
+    if p["action"] == "cordon":
+        result = cordon_patches(p["nodes"], p["health"], p["by"], time, p["max_cordoned_percent"])
+        parts = [f"unhealthy: {', '.join(result['unhealthy']) or 'none'}"]
+        if result["cordon"]:
+            parts.append(f"cordon: {', '.join(result['cordon'])}")
+        if result["already_same_reason"]:
+            parts.append(f"already cordoned for the same reason: {', '.join(result['already_same_reason'])}")
+        if result["held_back"]:
+            parts.append(f"held back: {', '.join(result['held_back'])}")
+        module.exit_json(**common, **result, msg="; ".join(parts))
+    by_name = {n["metadata"]["name"]: n for n in p["nodes"]}
+    if p["node"] not in by_name:
+        module.fail_json(msg=f"node: {p['node']} is not among the GPU nodes ({', '.join(sorted(by_name))})")
+    patch, why = uncordon_patch(by_name[p["node"]], p["health"], p["by"], time, p["force"])
+    module.exit_json(**common, patches=patch, refused=why.startswith("refused"), msg=f"{p['node']}: {why}")
+
+
+if __name__ == "__main__":
+    main()
