@@ -20,7 +20,12 @@ declare -A needs=(
   [make]=make
   # model_admission's ClamAV gate (unit tests scan with a database they build)
   [clamscan]=clamav
+  # monitoring role tests: promtool check/test rules and config, amtool check-config
+  [promtool]=prometheus
+  [amtool]=prometheus-alertmanager
 )
+# packages whose Debian postinst enables and starts a daemon the tests do not want (it would hold :9090 / :9093)
+daemons=(prometheus prometheus-alertmanager)
 missing=()
 for cmd in "${!needs[@]}"; do
   if ! command -v "$cmd" >/dev/null 2>&1 && ! [ -x "/usr/lib/podman/$cmd" ]; then
@@ -40,6 +45,11 @@ if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  for unit in "${daemons[@]}"; do
+    if printf '%s\n' "${missing[@]}" | grep -qx "$unit" && command -v systemctl >/dev/null 2>&1; then
+      systemctl disable --now "$unit.service" >/dev/null 2>&1 || true
+    fi
+  done
   echo "host-deps: installed ${missing[*]}"
 else
   echo "host-deps: missing: ${missing[*]}" >&2
