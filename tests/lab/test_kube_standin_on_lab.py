@@ -10,12 +10,15 @@ host over https://10.89.42.11:6443, applies the pinned upstream device plugin ma
 each fault of `scripts/lab-fault NODE kube ...`. It ends with `kubeadm reset -f` everywhere and removes
 what it installed, so other lab tests see bare nodes again (also after a failure half-way).
 
-Skipped when the lab is not running, and when a cluster already runs on it (the Kubernetes stage
-converged it): this test makes and resets its own cluster and never touches someone else's.
+When a cluster already runs on the lab (the Kubernetes stage converged it, as `make lab` does), the test
+leaves it standing: it installs, initialises, joins and resets nothing, judges that cluster instead (its
+device plugin already applied, its control-plane taint as the stage chose), injects and clears the faults,
+and checks `kubeadm reset --dry-run` in place of a reset. Skipped only when the lab is not running.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import subprocess
@@ -26,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 pytestmark = pytest.mark.lab
 
@@ -130,8 +134,9 @@ def wait_for(what: str, probe: Callable[[], Any], timeout_s: float = 60, every_s
 
 
 class Kubectl:
-    def __init__(self, binary: Path, kubeconfig: Path) -> None:
+    def __init__(self, binary: Path, kubeconfig: Path, owned: bool) -> None:
         self.base = [str(binary), "--kubeconfig", str(kubeconfig), "--request-timeout", "20s"]
+        self.owned = owned  # True: this test made the cluster (and resets it); False: the stage's cluster
 
     def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         result = subprocess.run([*self.base, *args], capture_output=True, text=True, timeout=120)
@@ -187,11 +192,17 @@ def reset_everything(installed: set[str]) -> None:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kubectl]:
     if not lab_running():
         pytest.skip("the lab is not running (make lab-up)")
-    if sh(CONTROL_PLANE, "test -e /etc/kubernetes/admin.conf").returncode == 0:
-        pytest.skip(
-            "a cluster already runs on the lab (Kubernetes stage); this test builds and resets its own"
-        )
     kubectl_binary = fetch_kubectl.fetch()
+    if sh(CONTROL_PLANE, "test -e /etc/kubernetes/admin.conf").returncode == 0:
+        kubeconfig = tmp_path_factory.mktemp("kube") / "admin.conf"
+        kubeconfig.write_text(ok(CONTROL_PLANE, "cat /etc/kubernetes/admin.conf"))
+        kubeconfig.chmod(0o600)
+        try:
+            yield Kubectl(kubectl_binary, kubeconfig, owned=False)
+        finally:
+            for node in NODES:  # the faults only; the stage's cluster stays
+                sh(node, "rm -f /run/kube-standin/faults.json")
+        return
     installed: set[str] = set()
     try:
         for node in NODES:
@@ -229,7 +240,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kubectl]:
         kubeconfig = tmp_path_factory.mktemp("kube") / "admin.conf"
         kubeconfig.write_text(ok(CONTROL_PLANE, "cat /etc/kubernetes/admin.conf"))
         kubeconfig.chmod(0o600)
-        yield Kubectl(kubectl_binary, kubeconfig)
+        yield Kubectl(kubectl_binary, kubeconfig, owned=True)
     finally:
         reset_everything(installed)
 
@@ -269,12 +280,21 @@ def test_config_validate_is_strict(cluster: Kubectl) -> None:
 
 
 def test_control_plane_files(cluster: Kubectl) -> None:
+    """The static Pod manifest carries the ClusterConfiguration's apiServer extras (the audit flags) as
+    kubeadm renders them; the PKI's SANs and identities are kubeadm's."""
+    stored = cluster.json("get", "configmap", "kubeadm-config", "-n", "kube-system")["data"]
+    config = yaml.safe_load(stored["ClusterConfiguration"])
+    api = config.get("apiServer") or {}
     manifest = ok(CONTROL_PLANE, "cat /etc/kubernetes/manifests/kube-apiserver.yaml")
-    assert "--audit-policy-file=/etc/kubernetes/audit/policy.yaml" in manifest
-    assert "--audit-log-maxbackup=10" in manifest and "mountPath: /etc/kubernetes/audit" in manifest
+    assert any(a["name"] == "audit-policy-file" for a in api.get("extraArgs") or [])
+    for arg in api.get("extraArgs") or []:
+        assert f"--{arg['name']}={arg['value']}" in manifest
+    for volume in api.get("extraVolumes") or []:
+        assert f"mountPath: {volume['mountPath']}" in manifest
+    service_ip = str(ipaddress.ip_network(config["networking"]["serviceSubnet"]).network_address + 1)
     sans = ok(CONTROL_PLANE, "openssl x509 -in /etc/kubernetes/pki/apiserver.crt -noout -ext subjectAltName")
     assert (
-        "IP Address:10.96.0.1" in sans
+        f"IP Address:{service_ip}" in sans
         and "IP Address:10.89.42.11" in sans
         and "DNS:kubernetes.default.svc" in sans
     )
@@ -298,12 +318,16 @@ def test_three_nodes_ready(cluster: Kubectl) -> None:
     assert sorted(nodes) == sorted(NODES)
     cp = nodes[CONTROL_PLANE]
     assert "node-role.kubernetes.io/control-plane" in cp["metadata"]["labels"]
-    assert {"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"} in cp["spec"]["taints"]
+    if cluster.owned:  # kubeadm's default taint (the stage removes it by default)
+        assert {"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"} in cp["spec"][
+            "taints"
+        ]
     for name, node in nodes.items():
         addresses = {a["type"]: a["address"] for a in node["status"]["addresses"]}
         assert addresses["InternalIP"] == f"10.89.42.1{NODES.index(name) + 1}"
         assert node["status"]["nodeInfo"]["kubeletVersion"] == "v1.36.3"
-        assert gpus(node) is None  # no device plugin yet: the kubelet knows no GPUs
+        if cluster.owned:
+            assert gpus(node) is None  # no device plugin yet: the kubelet knows no GPUs
     leases = cluster.json("get", "leases", "-n", "kube-node-lease")["items"]
     assert sorted(lease["metadata"]["name"] for lease in leases) == sorted(NODES)
     # what kubeadm init created, judged by kubectl
@@ -349,7 +373,7 @@ def test_kube_proxy_ipvs(cluster: Kubectl) -> None:
         assert lines[service + 1].split()[:3] == ["->", "10.89.42.11:6443", "Masq"]
 
 
-def test_device_plugin_makes_gpus_allocatable(cluster: Kubectl) -> None:
+def apply_device_plugin(cluster: Kubectl) -> None:
     cluster.run("apply", "-f", str(DEVICE_PLUGIN))
     # the control-plane taint keeps the plugin (which tolerates only nvidia.com/gpu) off gpu-node-1
     wait_for("4 GPUs on the workers", lambda: all(gpus(cluster.nodes()[n]) == GPUS_PER_NODE for n in WORKERS))
@@ -357,6 +381,15 @@ def test_device_plugin_makes_gpus_allocatable(cluster: Kubectl) -> None:
     assert gpus(cluster.nodes()[CONTROL_PLANE]) is None
     cluster.run("taint", "node", CONTROL_PLANE, "node-role.kubernetes.io/control-plane:NoSchedule-")
     wait_for("4 GPUs on every node", lambda: all(gpus(n) == GPUS_PER_NODE for n in cluster.nodes().values()))
+
+
+def test_device_plugin_makes_gpus_allocatable(cluster: Kubectl) -> None:
+    if cluster.owned:
+        apply_device_plugin(cluster)
+    else:  # the stage applied the plugin and verified the GPUs; they are still offered
+        wait_for(
+            "4 GPUs on every node", lambda: all(gpus(n) == GPUS_PER_NODE for n in cluster.nodes().values())
+        )
     # a GPU that fell off the bus is not offered
     ok(WORKERS[1], "fake-nvml gpu --gpu 3 --lost")
     try:
@@ -449,6 +482,19 @@ def test_fault_crashloop(cluster: Kubectl) -> None:
 
 def test_reset_returns_node_to_bare(cluster: Kubectl) -> None:
     node = WORKERS[1]
+    dry = sh(node, "kubeadm reset -f --dry-run")
+    assert dry.returncode == 0 and "/etc/kubernetes/kubelet.conf" in dry.stdout
+    assert sh(node, "test -e /etc/kubernetes/kubelet.conf && systemctl is-active kubelet").returncode == 0
+    assert ready(cluster.nodes()[node]) == "True"
+    # a live node's name cannot be taken over by a join
+    join = ok(CONTROL_PLANE, "kubeadm token create --print-join-command").strip()
+    taken = sh(node, join + " --ignore-preflight-errors=all --dry-run")
+    assert (
+        taken.returncode == 1
+        and f'a Node with name "{node}" and status "Ready" already exists' in taken.stderr
+    )
+    if not cluster.owned:
+        return  # the stage's cluster: no real reset
     result = sh(node, "kubeadm reset -f")
     assert result.returncode == 0, result.stderr
     assert sh(node, "test -e /etc/kubernetes/kubelet.conf").returncode != 0

@@ -1421,6 +1421,8 @@ def check_mixing(args: argparse.Namespace, given: set[str]) -> None:
 
 
 def cmd_init(args: argparse.Namespace, given: set[str]) -> None:
+    if args.dry_run:
+        raise KubeadmError("kubeadm init --dry-run is not simulated by the lab stand-in (docs/lab.md)")
     check_mixing(args, given)
     docs = read_config(args.config, strict=False) if args.config else {}
     errors = semantic_errors(docs)
@@ -1648,6 +1650,22 @@ def cmd_join(args: argparse.Namespace, given: set[str]) -> None:
         preflight(checks, ignore)
     ca_pem, server = discover(endpoint, token, hashes, unsafe)
     client = Client(server, ca_pem, token=token)
+    try:  # kubeadm refuses to take over the name of a live node (bootstrap tokens may get nodes)
+        existing = client.get(f"/api/v1/nodes/{node_name}")
+    except ApiError:
+        existing = None
+    if existing and any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in existing.get("status", {}).get("conditions", [])
+    ):
+        raise KubeadmError(
+            f'error execution phase kubelet-start: a Node with name "{node_name}" and status "Ready" already '
+            "exists in the cluster. You must delete the existing Node or change the name of this new "
+            "joining Node"
+        )
+    if args.dry_run:
+        log(f"[dryrun] Would join {server} as {node_name}; nothing was written")
+        return
     try:
         kubelet_cm = client.get("/api/v1/namespaces/kube-system/configmaps/kubelet-config")
     except ApiError as err:
@@ -1726,18 +1744,23 @@ def cmd_reset(args: argparse.Namespace) -> None:
         answer = input("[reset] Are you sure you want to proceed? [y/N]: ")
         if answer.strip().lower() not in ("y", "yes"):
             raise KubeadmError("aborted reset operation")
+    dry = bool(args.dry_run or reset.get("dryRun"))
+    if dry:
+        log("[dryrun] Would do the following (nothing is changed):")
     log("[preflight] Running pre-flight checks")
     control_plane = p(f"{KUBE_DIR}/manifests/kube-apiserver.yaml").exists() or p(APISERVER_ENV).exists()
     log("[reset] Stopping the kubelet service")
-    systemctl("stop", "kubelet.service", check=False)
+    if not dry:
+        systemctl("stop", "kubelet.service", check=False)
     if control_plane:
         # the static pods' containers would go with the kubelet's cleanup; here: the stand-in's unit
-        systemctl("disable", "--now", APISERVER_UNIT, check=False)
         log(f"[reset] Deleting contents of the etcd data directory: {ETCD_DIR}")
-        _empty(p(ETCD_DIR))
+        if not dry:
+            systemctl("disable", "--now", APISERVER_UNIT, check=False)
+            _empty(p(ETCD_DIR))
     dirs = [f"{KUBE_DIR}/manifests", KUBELET_DIR, reset.get("certificatesDir") or f"{KUBE_DIR}/pki"]
     log(f"[reset] Deleting contents of directories: {dirs}")
-    for d in dirs:
+    for d in dirs if not dry else []:
         _empty(p(d))
     files = [
         f"{KUBE_DIR}/{n}"
@@ -1751,7 +1774,7 @@ def cmd_reset(args: argparse.Namespace) -> None:
         )
     ] + [APISERVER_ENV]
     log(f"[reset] Deleting files: {files[:-1]}")
-    for f in files:
+    for f in files if not dry else []:
         p(f).unlink(missing_ok=True)
     log(
         "\nThe reset process does not clean CNI configuration. To do so, you must remove /etc/cni/net.d\n\n"
@@ -1870,6 +1893,7 @@ def build_parser() -> argparse.ArgumentParser:
     reset.add_argument("--cri-socket")
     reset.add_argument("--ignore-preflight-errors")
     reset.add_argument("--cleanup-tmp-dir", action="store_true")
+    reset.add_argument("--dry-run", action="store_true")
 
     config = sub.add_parser("config")
     config_sub = config.add_subparsers(dest="config_command", required=True)
