@@ -204,7 +204,7 @@ def main() -> None:
     if p["node"] not in by_name:
         module.fail_json(msg=f"node: {p['node']} is not among the GPU nodes ({', '.join(sorted(by_name))})")
     patch, why = uncordon_patch(by_name[p["node"]], p["health"], p["by"], time, p["force"])
-    module.exit_json(**common, patches=patch, refused=why.startswith("refused"), msg=f"{p['node']}: {why}")
+    module.exit_json(**common, patches=patch, refused=why.startswith("refused"), msg=why)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,170 @@
+"""playbooks/remediate/ecc-cordon.yml and uncordon.yml run by ansible-playbook against the lab's API
+stand-in started here (test_gpu_health_agent.Cluster) and the fake NVML: every host is local, its Python a
+wrapper that points the fake NVML at that node's state file; the control plane's kubernetes.core tasks use
+the admin kubeconfig of the test PKI. Not the lab (tests/lab/test_oncall_on_lab.py will be)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import fake_nvml_ctl
+import pytest
+from test_gpu_health_agent import CORDON, HISTORY, NODES, Cluster, make_cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+PLAYBOOKS = ROOT / "playbooks" / "remediate"
+
+
+class Site:
+    def __init__(self, cluster: Cluster, tmp: Path) -> None:
+        self.cluster = cluster
+        self.tmp = tmp
+        self.kubeconfig = cluster.api.kubeconfig(tmp / "admin.conf", "admin")
+        hosts = {}
+        for name in NODES:
+            folder = tmp / name
+            folder.mkdir()
+            (folder / "libnvidia-ml.so.1").write_text(
+                f"# lab stand-in\nversion={fake_nvml_ctl.DEFAULT_DRIVER_VERSION}\n"
+            )
+            python = folder / "python"
+            python.write_text(
+                "#!/bin/sh\n"
+                f"export FAKE_NVML_STATE={folder / 'state.json'}\n"
+                f"export FAKE_NVML_LIBRARY={folder / 'libnvidia-ml.so.1'}\n"
+                f"export PYTHONPATH={ROOT / 'tests' / 'lab' / 'fake_nvml'}\n"
+                f'exec {sys.executable} "$@"\n'
+            )
+            python.chmod(0o755)
+            hosts[name] = {"ansible_connection": "local", "ansible_python_interpreter": str(python)}
+        self.inventory = tmp / "hosts.json"
+        self.inventory.write_text(
+            json.dumps(
+                {
+                    "all": {
+                        "children": {
+                            "k8s_cluster": {
+                                "children": {
+                                    "control_plane": {"hosts": {"gpu-node-1": hosts["gpu-node-1"]}},
+                                    "workers": {"hosts": {n: hosts[n] for n in ("gpu-node-2", "gpu-node-3")}},
+                                }
+                            },
+                            "gpu_nodes": {"children": {"control_plane": {}, "workers": {}}},
+                        }
+                    }
+                }
+            )
+        )
+
+    def reset(self) -> None:
+        self.cluster.reset()
+        for name in NODES:
+            state = fake_nvml_ctl.build_state("a100-pcie-40gb-x4", name)
+            (self.tmp / name / "state.json").write_text(json.dumps(state))
+
+    def fault(self, node: str, *args: str) -> None:
+        folder = self.tmp / node
+        env = {**os.environ, "FAKE_NVML_STATE": str(folder / "state.json")}
+        env["FAKE_NVML_LIBRARY"] = str(folder / "libnvidia-ml.so.1")
+        ctl = ROOT / "tests" / "lab" / "fake_nvml" / "fake_nvml_ctl.py"
+        subprocess.run([sys.executable, str(ctl), *args], env=env, check=True, capture_output=True)
+
+    def play(self, playbook: str, *args: str) -> subprocess.CompletedProcess[str]:
+        cmd = [
+            str(ROOT / ".venv" / "bin" / "ansible-playbook"),
+            "-i",
+            str(self.inventory),
+            str(PLAYBOOKS / playbook),
+            "-e",
+            f"admin_kubeconfig={self.kubeconfig}",
+            "-e",
+            f"kubernetes_api_client_python={sys.executable}",
+            *args,
+        ]
+        env = {**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"}
+        return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+    cluster = make_cluster(tmp_path_factory.mktemp("oncall-api"))
+    made = Site(cluster, tmp_path_factory.mktemp("oncall-site"))
+    yield made
+    cluster.close()
+
+
+@pytest.fixture
+def fresh(site: Site) -> Site:
+    site.reset()
+    return site
+
+
+def recap_changed(out: str) -> dict[str, int]:
+    return {
+        line.split()[0]: int(line.split("changed=")[1].split()[0])
+        for line in out.splitlines()
+        if "changed=" in line and "ok=" in line
+    }
+
+
+def test_ecc_cordon_check_then_cordon_then_no_change(fresh: Site) -> None:
+    fresh.fault("gpu-node-2", "ecc", "--gpu", "1", "--uncorrectable", "2")
+    fresh.fault("gpu-node-3", "ecc", "--gpu", "0", "--corrected", "500")  # corrected alone: nothing
+    check = fresh.play("ecc-cordon.yml", "--check")
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "would cordon: gpu-node-2" in check.stdout
+    assert fresh.cluster.cordoned() == []
+    run = fresh.play("ecc-cordon.yml")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "cordoned: gpu-node-2" in run.stdout
+    assert fresh.cluster.cordoned() == ["gpu-node-2"]
+    annotations = fresh.cluster.node("gpu-node-2")["metadata"]["annotations"]
+    record = json.loads(annotations[CORDON])
+    assert record["by"] == "ecc-cordon.yml" and record["reasons"] == ["ecc_uncorrectable_volatile"]
+    assert record["gpus"][0]["index"] == 1
+    assert [e["reason"] for e in fresh.cluster.events("gpu-node-2")] == ["GPUUnhealthyCordoned"]
+    again = fresh.play("ecc-cordon.yml")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "already cordoned for the same reasons (no change): gpu-node-2" in again.stdout
+    assert set(recap_changed(again.stdout).values()) == {0}
+    assert len(fresh.cluster.events("gpu-node-2")) == 1
+
+
+def test_ecc_cordon_breaker_fails_naming_the_node_left_alone(fresh: Site) -> None:
+    fresh.fault("gpu-node-2", "ecc", "--gpu", "1", "--uncorrectable", "1")
+    fresh.fault("gpu-node-3", "remap", "--gpu", "2", "--failure")
+    run = fresh.play("ecc-cordon.yml")
+    assert run.returncode != 0
+    assert "CIRCUIT BREAKER: unhealthy GPU node(s) NOT cordoned: gpu-node-3 (circuit breaker" in run.stdout
+    assert fresh.cluster.cordoned() == ["gpu-node-2"]
+
+
+def test_uncordon_refuses_while_faulty_then_succeeds_and_force_is_recorded(fresh: Site) -> None:
+    fresh.fault("gpu-node-2", "remap", "--gpu", "0", "--pending")
+    assert fresh.play("ecc-cordon.yml").returncode == 0
+    refused = fresh.play("uncordon.yml", "-e", "node=gpu-node-2")
+    assert refused.returncode != 0 and "NOT uncordoning gpu-node-2: refused" in refused.stdout
+    assert fresh.cluster.cordoned() == ["gpu-node-2"]
+    fresh.fault("gpu-node-2", "reset")
+    check = fresh.play("uncordon.yml", "-e", "node=gpu-node-2", "--check")
+    assert check.returncode == 0 and "gpu-node-2: would uncordon" in check.stdout
+    assert fresh.cluster.cordoned() == ["gpu-node-2"]
+    done = fresh.play("uncordon.yml", "-e", "node=gpu-node-2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert fresh.cluster.cordoned() == []
+    annotations = fresh.cluster.node("gpu-node-2")["metadata"]["annotations"]
+    assert CORDON not in annotations
+    assert [h["action"] for h in json.loads(annotations[HISTORY])] == ["cordon", "uncordon"]
+    # forced while still faulty: done, and the history says so
+    fresh.fault("gpu-node-2", "ecc", "--gpu", "3", "--uncorrectable", "1")
+    assert fresh.play("ecc-cordon.yml").returncode == 0
+    forced = fresh.play("uncordon.yml", "-e", "node=gpu-node-2", "-e", "force=true")
+    assert forced.returncode == 0, forced.stdout + forced.stderr
+    assert fresh.cluster.cordoned() == []
+    history = json.loads(fresh.cluster.node("gpu-node-2")["metadata"]["annotations"][HISTORY])
+    assert history[-1]["action"] == "force-uncordon" and history[-1]["verdict"] == "unhealthy"
