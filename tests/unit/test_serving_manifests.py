@@ -1,0 +1,194 @@
+"""The vllm_serving role's manifests: every rendered object validates against the Kubernetes 1.36 schemas
+(kubernetes-validate, strict), and the policies hold over the rendered objects: GPU requests equal limits,
+non-root uid 1001 without privilege escalation, startup/readiness/liveness probes on /health with the
+startup budget, /dev/shm in memory, weights read-only from <root>/<name>/current, image by digest. Bad input
+is refused by the role's validation before anything changes, naming the variable."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+ROLE = ROOT / "roles" / "vllm_serving"
+K8S_VERSION = "1.36.0"
+DIGEST = "sha256:" + "ab" * 32
+MODEL = {"name": "qwen2-7b", "replicas": 2, "max_model_len": 8192, "served_model_name": "qwen2-7b-instruct"}
+
+
+def role_vars(**overrides: Any) -> dict[str, Any]:
+    defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+    return {**defaults, **yaml.safe_load((ROLE / "vars" / "main.yml").read_text()), **overrides}
+
+
+def render(template: str, model: dict[str, Any], **overrides: Any) -> dict[str, Any]:
+    """Render a template as Ansible does (its filters used here: to_json, combine, round, int)."""
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    env.filters["to_json"] = json.dumps
+    env.filters["combine"] = lambda a, b: {**a, **b}
+    text = env.from_string((ROLE / "templates" / template).read_text())
+    return yaml.safe_load(
+        text.render(**role_vars(vllm_serving_image_digest=DIGEST, **overrides), model=model)
+    )
+
+
+@pytest.fixture
+def statefulset() -> dict[str, Any]:
+    return render("statefulset.yml.j2", MODEL)
+
+
+@pytest.mark.parametrize("template", ["statefulset.yml.j2", "service.yml.j2"])
+def test_objects_validate_against_the_1_36_schemas(template: str) -> None:
+    kubernetes_validate.validate(render(template, MODEL), K8S_VERSION, strict=True)
+
+
+def test_a_misspelt_field_is_caught_by_strict_validation(statefulset: dict[str, Any]) -> None:
+    statefulset["spec"]["template"]["spec"]["containers"][0]["startupprobe"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(statefulset, K8S_VERSION, strict=True)
+
+
+def test_gpu_requests_equal_limits_and_resources_are_set(statefulset: dict[str, Any]) -> None:
+    resources = statefulset["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert resources["requests"] == resources["limits"]
+    assert resources["limits"] == {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": 2}
+
+
+def test_runs_as_uid_1001_without_privileges(statefulset: dict[str, Any]) -> None:
+    pod = statefulset["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsUser"] == 1001 and pod["securityContext"]["runAsNonRoot"] is True
+    container = pod["containers"][0]["securityContext"]
+    assert container["allowPrivilegeEscalation"] is False and container["privileged"] is False
+    assert container["capabilities"]["drop"] == ["ALL"]
+    assert pod["automountServiceAccountToken"] is False
+
+
+def test_probes_on_health_with_the_startup_budget(statefulset: dict[str, Any]) -> None:
+    container = statefulset["spec"]["template"]["spec"]["containers"][0]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/health", "port": "http"}, probe
+    startup = container["startupProbe"]
+    budget = role_vars()["vllm_serving_startup_budget_s"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= budget
+    assert startup["failureThreshold"] == math.ceil(budget / startup["periodSeconds"])
+
+
+def test_weights_read_only_from_current_and_shm_in_memory(statefulset: dict[str, Any]) -> None:
+    pod = statefulset["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+    assert volumes["weights"]["hostPath"] == {"path": "/models/qwen2-7b/current", "type": "Directory"}
+    assert mounts["weights"] == {"name": "weights", "mountPath": "/model", "readOnly": True}
+    assert volumes["dshm"]["emptyDir"]["medium"] == "Memory" and mounts["dshm"]["mountPath"] == "/dev/shm"
+    assert "--model=/model" in pod["containers"][0]["args"]
+
+
+def test_image_by_digest_and_arguments(statefulset: dict[str, Any]) -> None:
+    container = statefulset["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == f"docker.io/vllm/vllm-openai:v0.4.2@{DIGEST}"
+    assert "--tensor-parallel-size=2" in container["args"]
+    assert "--served-model-name=qwen2-7b-instruct" in container["args"]
+    assert statefulset["spec"]["replicas"] == 2
+
+
+def test_scraped_by_the_monitoring_job(statefulset: dict[str, Any]) -> None:
+    """The labels and annotations the monitoring role's `vllm` scrape job keeps."""
+    meta = statefulset["spec"]["template"]["metadata"]
+    assert meta["labels"]["app.kubernetes.io/name"] == "vllm"
+    assert meta["annotations"] == {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": "8000",
+        "prometheus.io/path": "/metrics",
+    }
+
+
+def run_validate(tmp_path: Path, **variables: Any) -> subprocess.CompletedProcess[str]:
+    play = [
+        {
+            "hosts": "localhost",
+            "gather_facts": False,
+            "vars": {"vllm_serving_image_digest": DIGEST, "vllm_serving_models": [MODEL], **variables},
+            "tasks": [{"ansible.builtin.include_role": {"name": "vllm_serving", "tasks_from": "validate"}}],
+        }
+    ]
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
+    return subprocess.run(
+        [
+            str(ROOT / ".venv" / "bin" / "ansible-playbook"),
+            "-i",
+            "localhost,",
+            "-c",
+            "local",
+            str(tmp_path / "play.yml"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+        env={"ANSIBLE_ROLES_PATH": str(ROOT / "roles"), "PATH": "/usr/bin:/bin", "ANSIBLE_NOCOLOR": "1"},
+        timeout=120,
+    )
+
+
+def test_good_input_passes(tmp_path: Path) -> None:
+    result = run_validate(tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("variables", "named", "says"),
+    [
+        ({"vllm_serving_image_digest": ""}, "vllm_serving_image_digest", "sha256:<64 hex>"),
+        (
+            {"vllm_serving_image_tag": "v0.4.3"},
+            "vllm_serving_image_tag v0.4.3 needs CUDA 12.4",
+            "runs CUDA up to 12.2",
+        ),
+        ({"vllm_serving_image_tag": "latest"}, "vllm_serving_image_tag", "not in the role's table"),
+        (
+            {"vllm_serving_models": [{**MODEL, "gpus_per_replica": 8}]},
+            "vllm_serving_models[0]",
+            "gpus_per_replica",
+        ),
+        (
+            {"vllm_serving_models": [{**MODEL, "resources": {"requests": {"nvidia.com/gpu": 1}}}]},
+            "vllm_serving_models[0] (qwen2-7b).resources",
+            "differ from limits",
+        ),
+        ({"vllm_serving_models": [{**MODEL, "name": "Qwen2_7B"}]}, "vllm_serving_models", "DNS label"),
+        (
+            {"vllm_serving_models": [{**MODEL, "gpu_count": 2}]},
+            "vllm_serving_models[0]",
+            "keys must be among",
+        ),
+    ],
+    ids=[
+        "no-digest",
+        "cuda-too-new",
+        "unknown-tag",
+        "gpus-over-node",
+        "requests-not-limits",
+        "bad-name",
+        "unknown-key",
+    ],
+)
+def test_bad_input_is_refused_naming_the_variable(
+    tmp_path: Path, variables: dict[str, Any], named: str, says: str
+) -> None:
+    result = run_validate(tmp_path, **variables)
+    assert result.returncode != 0
+    out = " ".join(result.stdout.split())
+    assert named in out and says in out, out[-2000:]
+
+
+def test_a_newer_driver_admits_the_newer_image(tmp_path: Path) -> None:
+    result = run_validate(tmp_path, vllm_serving_image_tag="v0.4.3", vllm_serving_driver_branch="550")
+    assert result.returncode == 0, result.stdout + result.stderr
