@@ -83,13 +83,14 @@ def parse(stdout: str) -> dict[str, Any]:
 
 
 def task_results(run: dict[str, Any], name_start: str) -> list[tuple[str, dict[str, Any]]]:
-    """(host, result) of every task whose name starts with name_start, loop items flattened."""
+    """(host, result) of each task whose name starts with name_start; loop items flattened, skips left out."""
     found = []
     for play in run["plays"]:
         for task in play["tasks"]:
-            if task["task"]["name"].startswith(name_start):
+            if task["task"]["name"].split(" : ", 1)[-1].startswith(name_start):  # "role : name"
                 for host, result in task["hosts"].items():
-                    found += [(host, item) for item in result.get("results", [result])]
+                    items = result.get("results", [result])
+                    found += [(host, item) for item in items if not item.get("skipped")]
     return found
 
 
