@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -121,3 +124,80 @@ def exposition_names(text: str) -> set[str]:
         names.update(sample.name for sample in family.samples)
         names.update(family.name + suffix for suffix in suffixes.get(family.type, ("",)))
     return names
+
+
+class ServingStack:
+    """The simulator and the gateway in front of it as real processes (the venv's `vllm-sim` and
+    `llm-gateway`), with auth off; the simulator can be stopped and started again on the same port."""
+
+    def __init__(self, tmp: Path) -> None:
+        import sys
+
+        self.bin = Path(sys.executable).parent
+        self.tmp = tmp
+        self.sim: subprocess.Popen[bytes] | None = None
+        self.gateway: subprocess.Popen[bytes] | None = None
+        self.sim_port = 0
+        self.ports: dict[str, int] = {}
+
+    @property
+    def installed(self) -> bool:
+        return (self.bin / "vllm-sim").exists() and (self.bin / "llm-gateway").exists()
+
+    def _wait_port_file(self, path: Path, proc: subprocess.Popen[bytes]) -> dict[str, int]:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if path.exists():
+                return json.loads(path.read_text())
+            assert proc.poll() is None, f"{proc.args} exited {proc.returncode}"
+            time.sleep(0.05)
+        raise AssertionError(f"{proc.args} wrote no port file")
+
+    def start_sim(self) -> None:
+        port_file = self.tmp / "sim.json"
+        port_file.unlink(missing_ok=True)
+        cmd = [str(self.bin / "vllm-sim"), "--port", str(self.sim_port), "--port-file", str(port_file)]
+        self.sim = subprocess.Popen([*cmd, "--served-model-name", "m", "--reply", "a", "b"])
+        self.sim_port = self._wait_port_file(port_file, self.sim)["port"]
+
+    def stop_sim(self) -> None:
+        assert self.sim is not None
+        self.sim.terminate()
+        self.sim.wait(timeout=10)
+        self.sim = None
+
+    def start(self) -> None:
+        self.start_sim()
+        upstream = {
+            "name": "stable",
+            "url": f"http://127.0.0.1:{self.sim_port}",
+            "served_model": "m",
+            "weight": 1,
+        }
+        config = {
+            "listen": {"host": "127.0.0.1", "port": 0},
+            "internal": {"host": "127.0.0.1", "port": 0},
+            "auth": {"mode": "none"},
+            "models": {"m": {"upstreams": [upstream]}},
+            "audit": {"path": str(self.tmp / "audit.jsonl")},
+        }
+        (self.tmp / "gateway.json").write_text(json.dumps(config))
+        cmd = [str(self.bin / "llm-gateway"), "--config", str(self.tmp / "gateway.json")]
+        self.gateway = subprocess.Popen([*cmd, "--port-file", str(self.tmp / "gw.json")])
+        self.ports = self._wait_port_file(self.tmp / "gw.json", self.gateway)
+
+    def chat(self) -> str:
+        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+        return http_get(f"http://127.0.0.1:{self.ports['listen']}/v1/chat/completions", body)
+
+    def stop(self) -> None:
+        for proc in (self.sim, self.gateway):
+            if proc is not None:
+                proc.terminate()
+                proc.wait(timeout=10)
+
+
+def http_get(url: str, data: bytes | None = None) -> str:
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return response.read().decode()

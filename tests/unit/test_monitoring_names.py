@@ -5,12 +5,7 @@ The article's alert on `vllm_request_success_total` is the example of a name nob
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,10 +13,12 @@ import pytest
 from monitoring_promql import (
     COUNTERS,
     ROOT,
+    ServingStack,
     as_promql,
     dashboard_exprs,
     dcgm_exported_names,
     exposition_names,
+    http_get,
     metric_names,
     rule_exprs,
 )
@@ -33,87 +30,21 @@ UPSTREAM_COUNTERS = (
 PROMETHEUS_OWN = {"up"}  # written by Prometheus for every target
 
 
-def _wait_port_file(path: Path, proc: subprocess.Popen[bytes]) -> dict[str, int]:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if path.exists():
-            return json.loads(path.read_text())
-        assert proc.poll() is None, f"{proc.args} exited {proc.returncode}"
-        time.sleep(0.05)
-    raise AssertionError(f"{proc.args} wrote no port file")
-
-
-def _get(url: str, data: bytes | None = None) -> str:
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return response.read().decode()
-
-
 @pytest.fixture(scope="module")
 def serving(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """The simulator and the gateway in front of it, as processes; their /metrics after one request."""
-    if not (BIN / "vllm-sim").exists() or not (BIN / "llm-gateway").exists():
+    stack = ServingStack(tmp_path_factory.mktemp("serving"))
+    if not stack.installed:
         pytest.skip("serve/ is not installed in this venv (make venv installs it)")
-    tmp = tmp_path_factory.mktemp("serving")
-    procs: list[subprocess.Popen[bytes]] = []
     try:
-        sim = subprocess.Popen(
-            [
-                str(BIN / "vllm-sim"),
-                "--port",
-                "0",
-                "--port-file",
-                str(tmp / "sim.json"),
-                "--served-model-name",
-                "m",
-                "--reply",
-                "a",
-                "b",
-            ],
-        )
-        procs.append(sim)
-        sim_port = _wait_port_file(tmp / "sim.json", sim)["port"]
-        config = {
-            "listen": {"host": "127.0.0.1", "port": 0},
-            "internal": {"host": "127.0.0.1", "port": 0},
-            "auth": {"mode": "none"},
-            "models": {
-                "m": {
-                    "upstreams": [
-                        {
-                            "name": "stable",
-                            "url": f"http://127.0.0.1:{sim_port}",
-                            "served_model": "m",
-                            "weight": 1,
-                        }
-                    ]
-                }
-            },
-            "audit": {"path": str(tmp / "audit.jsonl")},
-        }
-        (tmp / "gateway.json").write_text(json.dumps(config))
-        gateway = subprocess.Popen(
-            [
-                str(BIN / "llm-gateway"),
-                "--config",
-                str(tmp / "gateway.json"),
-                "--port-file",
-                str(tmp / "gw.json"),
-            ],
-            env={**os.environ},
-        )
-        procs.append(gateway)
-        ports = _wait_port_file(tmp / "gw.json", gateway)
-        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
-        _get(f"http://127.0.0.1:{ports['listen']}/v1/chat/completions", body)
+        stack.start()
+        stack.chat()
         yield {
-            "vllm": _get(f"http://127.0.0.1:{sim_port}/metrics"),
-            "gateway": _get(f"http://127.0.0.1:{ports['internal']}/metrics"),
+            "vllm": http_get(f"http://127.0.0.1:{stack.sim_port}/metrics"),
+            "gateway": http_get(f"http://127.0.0.1:{stack.ports['internal']}/metrics"),
         }
     finally:
-        for proc in procs:
-            proc.terminate()
-            proc.wait(timeout=10)
+        stack.stop()
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,143 @@
+"""A real Prometheus (Debian's `prometheus`) loads the role's alert rules, scrapes the running simulator and
+gateway under the role's job names, and the vLLM instance-down alert goes pending when the simulator stops
+and clears when it is back. Debian's build lacks Kubernetes discovery, so the jobs get `static_configs`
+here (the role's relabelling is for pods); the rules, the job names and the metrics are the real ones.
+The alert's `for: 1m` is not waited out: pending is the expression firing on real scraped data."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import yaml
+from monitoring_promql import RULES, ServingStack, http_get
+
+PROMETHEUS = shutil.which("prometheus")
+pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="prometheus missing: apt-get install prometheus")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait(predicate: Callable[[], Any], timeout: float = 30) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.25)
+    raise AssertionError(f"not within {timeout}s: {predicate.__doc__}")
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServingStack, str]]:
+    tmp = tmp_path_factory.mktemp("prometheus")
+    serving = ServingStack(tmp)
+    if not serving.installed:
+        pytest.skip("serve/ is not installed in this venv (make venv installs it)")
+    prometheus: subprocess.Popen[bytes] | None = None
+    try:
+        serving.start()
+        serving.chat()
+        config = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(RULES)],
+            "scrape_configs": [
+                {"job_name": "vllm", "static_configs": [{"targets": [f"127.0.0.1:{serving.sim_port}"]}]},
+                {
+                    "job_name": "llm-gateway",
+                    "static_configs": [{"targets": [f"127.0.0.1:{serving.ports['internal']}"]}],
+                },
+            ],
+        }
+        (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
+        address = f"127.0.0.1:{free_port()}"
+        assert PROMETHEUS
+        prometheus = subprocess.Popen(
+            [
+                PROMETHEUS,
+                f"--config.file={tmp / 'prometheus.yml'}",
+                f"--storage.tsdb.path={tmp / 'data'}",
+                f"--web.listen-address={address}",
+                "--log.level=warn",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        yield serving, f"http://{address}"
+    finally:
+        if prometheus is not None:
+            prometheus.terminate()
+            prometheus.wait(timeout=20)
+        serving.stop()
+
+
+def api(base: str, path: str, **params: str) -> Any:
+    try:
+        answer = json.loads(http_get(f"{base}/api/v1/{path}?{urllib.parse.urlencode(params)}"))
+    except OSError:
+        return None
+    assert answer["status"] == "success", answer
+    return answer["data"]
+
+
+def vllm_alerts(base: str) -> list[dict[str, Any]]:
+    data = api(base, "alerts") or {"alerts": []}
+    return [a for a in data["alerts"] if a["labels"]["alertname"] in ("VllmInstanceDown", "VllmNoInstance")]
+
+
+def test_prometheus_loads_the_rules_and_scrapes_both(stack: tuple[ServingStack, str]) -> None:
+    _, base = stack
+
+    def both_up() -> bool:
+        """both targets up"""
+        data = api(base, "targets")
+        return bool(data) and sorted(t["health"] for t in data["activeTargets"]) == ["up", "up"]
+
+    wait(both_up)
+    groups = api(base, "rules")["groups"]
+    rules = [rule for group in groups for rule in group["rules"]]
+    assert len(rules) == 12 and {rule["health"] for rule in rules} == {"ok"}
+    for query in (
+        'vllm:gpu_cache_usage_perc{job="vllm"}',
+        'http_request_duration_seconds_count{job="llm-gateway"}',
+    ):
+        wait(lambda q=query: api(base, "query", query=q)["result"])
+
+
+def test_instance_down_goes_pending_when_the_simulator_stops_and_clears_when_back(
+    stack: tuple[ServingStack, str],
+) -> None:
+    serving, base = stack
+
+    def scraped() -> bool:
+        """the simulator is scraped"""
+        return bool(api(base, "query", query='up{job="vllm"} == 1')["result"])
+
+    wait(scraped)
+    assert vllm_alerts(base) == []
+    serving.stop_sim()
+
+    def pending() -> list[dict[str, Any]]:
+        """VllmInstanceDown pending"""
+        return [a for a in vllm_alerts(base) if a["labels"]["alertname"] == "VllmInstanceDown"]
+
+    alert = wait(pending)[0]
+    assert alert["state"] == "pending" and alert["labels"]["instance"] == f"127.0.0.1:{serving.sim_port}"
+    serving.start_sim()
+
+    def cleared() -> bool:
+        """the alert cleared"""
+        return vllm_alerts(base) == []
+
+    wait(cleared)
