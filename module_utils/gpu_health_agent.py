@@ -174,9 +174,13 @@ class NvmlEvents:
             for index in range(nvml.nvmlDeviceGetCount()):
                 handle = nvml.nvmlDeviceGetHandleByIndex(index)
                 try:
-                    nvml.nvmlDeviceRegisterEvents(
-                        handle, NVML_EVENT_XID_CRITICAL | NVML_EVENT_DOUBLE_BIT_ECC, self.event_set
-                    )
+                    wanted = NVML_EVENT_XID_CRITICAL | NVML_EVENT_DOUBLE_BIT_ECC
+                    if hasattr(nvml, "nvmlDeviceGetSupportedEventTypes"):
+                        wanted &= nvml.nvmlDeviceGetSupportedEventTypes(handle)
+                    if not wanted:
+                        LOG.info("NVML events: GPU %d supports neither Xid nor double-bit ECC events", index)
+                        continue
+                    nvml.nvmlDeviceRegisterEvents(handle, wanted, self.event_set)
                     registered += 1
                 except nvml.NVMLError as exc:
                     LOG.info("NVML events: GPU %d: %s", index, exc)

@@ -462,3 +462,69 @@ def bench(runs: int) -> None:
 
 if __name__ == "__main__":
     bench(int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[1] == "--bench" else 10)
+
+
+# ------------------------------------------------------------------------------------------- NVML events
+
+
+class EventfulNvml:
+    """The fake pynvml plus the event API of nvidia-ml-py (the fake has none): one queued event."""
+
+    def __init__(self, supported: int) -> None:
+        import pynvml
+
+        self.fake = pynvml
+        self.supported = supported
+        self.registered: list[int] = []
+        self.queue: list[Any] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.fake, name)
+
+    def nvmlEventSetCreate(self) -> object:
+        return object()
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:
+        return self.supported
+
+    def nvmlDeviceRegisterEvents(self, handle: Any, types: int, event_set: Any) -> None:
+        self.registered.append(types)
+
+    def nvmlEventSetWait_v2(self, event_set: Any, timeout_ms: int) -> Any:
+        if self.queue:
+            return self.queue.pop()
+        raise self.fake.NVMLError(10)  # NVML_ERROR_TIMEOUT
+
+    def nvmlEventSetFree(self, event_set: Any) -> None:
+        pass
+
+
+def test_nvml_events_wake_the_agent_where_supported(pcie_node: Any) -> None:
+    import threading
+    import types
+
+    import pynvml
+    from ansible.module_utils.gpu_health_agent import NvmlEvents
+
+    stop = threading.Event()
+    nvml = EventfulNvml(supported=0x2 | 0x8 | 0x1)
+    events = NvmlEvents(nvml)  # type: ignore[arg-type]
+    events.open()
+    assert events.supported and nvml.registered == [0x2 | 0x8] * pcie_node.gpu_count
+    nvml.queue.append(types.SimpleNamespace(eventType=0x8, eventData=79))
+    assert events.wait(5, stop) == "NVML event type 8 data 79"
+    started = time.monotonic()
+    assert events.wait(0.05, stop) is None  # a timeout is no event
+    assert time.monotonic() - started < 1
+    events.close()
+    assert pynvml._nvmlLib_refcount == 0
+    # GPUs that support neither event: polling only
+    none = NvmlEvents(EventfulNvml(supported=0x1))  # type: ignore[arg-type]
+    none.open()
+    assert not none.supported and pynvml._nvmlLib_refcount == 0
+    # the lab's fake has no event API at all
+    plain = NvmlEvents(pynvml)
+    plain.open()
+    assert not plain.supported
+    started = time.monotonic()
+    assert plain.wait(0.2, stop) is None and time.monotonic() - started >= 0.2
