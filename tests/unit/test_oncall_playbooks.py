@@ -168,3 +168,61 @@ def test_uncordon_refuses_while_faulty_then_succeeds_and_force_is_recorded(fresh
     assert fresh.cluster.cordoned() == []
     history = json.loads(fresh.cluster.node("gpu-node-2")["metadata"]["annotations"][HISTORY])
     assert history[-1]["action"] == "force-uncordon" and history[-1]["verdict"] == "unhealthy"
+
+
+def test_ecc_cordon_drain_respects_pod_disruption_budgets(fresh: Site) -> None:
+    admin = fresh.cluster.admin
+    deploy = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "vllm", "namespace": "default"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "vllm"}},
+            "template": {
+                "metadata": {"labels": {"app": "vllm"}},
+                "spec": {
+                    "nodeSelector": {"kubernetes.io/hostname": "gpu-node-2"},
+                    "containers": [{"name": "main", "image": "vllm/vllm-openai:v0.6.3"}],
+                },
+            },
+        },
+    }
+    pdb = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "vllm", "namespace": "default"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "vllm"}}},
+    }
+    admin.ok("POST", "/apis/apps/v1/namespaces/default/deployments", deploy)
+    admin.ok("POST", "/apis/policy/v1/namespaces/default/poddisruptionbudgets", pdb)
+    try:
+
+        def running() -> list[str]:
+            pods = admin.ok("GET", "/api/v1/namespaces/default/pods?labelSelector=app%3Dvllm")["items"]
+            return [
+                p["metadata"]["name"]
+                for p in pods
+                if p["spec"].get("nodeName") == "gpu-node-2"
+                and p.get("status", {}).get("phase") == "Running"
+                and not p["metadata"].get("deletionTimestamp")
+            ]
+
+        from test_gpu_health_agent import wait
+
+        first = wait(running, timeout=30)
+        fresh.fault("gpu-node-2", "ecc", "--gpu", "0", "--uncorrectable", "1")
+        blocked = fresh.play("ecc-cordon.yml", "-e", "drain=true", "-e", "drain_timeout=5")
+        assert blocked.returncode != 0, blocked.stdout
+        assert "Drain (evictions respect PodDisruptionBudgets)" in blocked.stdout
+        assert fresh.cluster.cordoned() == ["gpu-node-2"]
+        assert running() == first, "the PodDisruptionBudget's only pod was evicted"
+        admin.ok("DELETE", "/apis/policy/v1/namespaces/default/poddisruptionbudgets/vllm")
+        drained = fresh.play("ecc-cordon.yml", "-e", "drain=true", "-e", "drain_timeout=30")
+        assert drained.returncode == 0, drained.stdout + drained.stderr
+        assert "already cordoned for the same reasons (no change): gpu-node-2" in drained.stdout
+        assert running() == []
+    finally:
+        admin.request("DELETE", "/apis/apps/v1/namespaces/default/deployments/vllm")
+        admin.request("DELETE", "/apis/policy/v1/namespaces/default/poddisruptionbudgets/vllm")
+        admin.request("DELETE", "/api/v1/namespaces/default/pods?labelSelector=app%3Dvllm")
