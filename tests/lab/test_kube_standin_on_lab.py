@@ -43,6 +43,7 @@ API = "https://10.89.42.11:6443"
 VERSION = "1.36.3-1.1"
 APT_LIST = "/etc/apt/sources.list.d/lab-kube-standin-test.list"
 REPO_LINE = "deb [trusted=yes] http://lab-mirror:8080/kubernetes/v1.36/deb/ /"
+APT_CACHED = "/var/cache/apt/archives/kube*.deb /var/cache/apt/archives/cri-tools_*.deb"
 DEVICE_PLUGIN = Path("/work/shared/upstream/k8s-device-plugin/v0.20.0/nvidia-device-plugin.yml")
 if not DEVICE_PLUGIN.is_file():
     DEVICE_PLUGIN = (
@@ -184,7 +185,8 @@ def reset_everything(installed: set[str]) -> None:
                 "systemctl disable --now kubelet >/dev/null 2>&1; "
                 "DEBIAN_FRONTEND=noninteractive apt-get purge -y -q kubeadm kubelet kubectl "
                 "kubernetes-cni cri-tools; "
-                f"rm -f {APT_LIST}; rm -rf /etc/kubernetes /var/lib/kubelet /usr/lib/kube-standin",
+                f"rm -f {APT_LIST} {APT_CACHED}; "
+                "rm -rf /etc/kubernetes /var/lib/kubelet /usr/lib/kube-standin",
             )
 
 
@@ -210,7 +212,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kubectl]:
                 installed.add(node)
                 ok(
                     node,
-                    f"echo '{REPO_LINE}' > {APT_LIST} && "
+                    # the lab rebuilds stand-ins under the same version: no stale .deb from apt's cache
+                    f"rm -f {APT_CACHED} && echo '{REPO_LINE}' > {APT_LIST} && "
                     f"apt-get update -q -o Dir::Etc::sourcelist={APT_LIST} -o Dir::Etc::sourceparts=- "
                     "-o APT::Get::List-Cleanup=0 >/dev/null && "
                     "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "
