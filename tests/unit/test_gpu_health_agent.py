@@ -14,6 +14,7 @@ Benchmark (docs/benchmarks.md): ``.venv/bin/python tests/unit/test_gpu_health_ag
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import json
 import os
 import shutil
@@ -528,3 +529,49 @@ def test_nvml_events_wake_the_agent_where_supported(pcie_node: Any) -> None:
     assert not plain.supported
     started = time.monotonic()
     assert plain.wait(0.2, stop) is None and time.monotonic() - started >= 0.2
+
+
+def test_breaker_lease_waits_for_a_live_holder_and_takes_an_expired_one(cluster: Cluster) -> None:
+    from ansible.module_utils.gpu_health_agent import BreakerLease, KubeApi, micro_time, now_utc
+
+    api = KubeApi(cluster.api.url, str(cluster.pki.ca), str(cluster.token_file))
+    lease_name = role_vars()["__gpu_health_agent_lease"]
+    mine = BreakerLease(api, cluster.namespace, lease_name, "gpu-node-3", 15)
+
+    def held_by(holder: str, seconds_ago: float) -> None:
+        lease = cluster.admin.ok("GET", cluster.lease_path)
+        renewed = micro_time(now_utc() - dt.timedelta(seconds=seconds_ago))
+        lease["spec"].update(holderIdentity=holder, renewTime=renewed, leaseDurationSeconds=15)
+        cluster.admin.ok("PUT", cluster.lease_path, lease)
+
+    held_by("gpu-node-1", 1)
+    assert mine.acquire() is False  # a live holder: wait for the next poll
+    held_by("gpu-node-1", 60)  # its agent died holding it: expired after 15 s
+    assert mine.acquire() is True
+    assert cluster.admin.ok("GET", cluster.lease_path)["spec"]["holderIdentity"] == "gpu-node-3"
+    other = BreakerLease(api, cluster.namespace, lease_name, "gpu-node-2", 15)
+    assert other.acquire() is False
+    mine.release()
+    assert not cluster.admin.ok("GET", cluster.lease_path)["spec"].get("holderIdentity")
+    assert other.acquire() is True
+    other.release()
+
+
+def test_bad_settings_are_refused_naming_them(tmp_path: Path) -> None:
+    from ansible.module_utils.gpu_health_agent import main
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"node_name": "n", "api_server": "https://x:6443", "surprise": 1}))
+    assert main(["--config", str(config)]) == 2
+    config.write_text(json.dumps({"node_name": "n", "api_server": "https://x:6443"}))
+    assert main(["--config", str(config)]) == 2
+    good = {
+        "node_name": "n",
+        "api_server": "http://x:6443",
+        "ca_file": "/nonexistent",
+        "token_file": "t",
+        "lease_namespace": "gpu-health",
+        "lease_name": "gpu-health-breaker",
+    }
+    config.write_text(json.dumps(good))
+    assert main(["--config", str(config)]) == 2  # not https
