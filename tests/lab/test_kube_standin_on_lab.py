@@ -18,6 +18,7 @@ and checks `kubeadm reset --dry-run` in place of a reset. Skipped only when the 
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
 import os
@@ -190,12 +191,36 @@ def reset_everything(installed: set[str]) -> None:
             )
 
 
+def stale_stand_ins() -> list[str]:
+    """node:tool pairs whose installed stand-in sources differ from this checkout's."""
+    source = ROOT / "tests" / "lab" / "kube" / "kube_standin"
+    want = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in source.glob("*.py")}
+    stale = []
+    for node in NODES:
+        for tool in ("kubeadm", "kubelet"):
+            listing = sh(
+                node, f"cd /usr/lib/kube-standin/{tool}/kube_standin 2>/dev/null && sha256sum *.py"
+            ).stdout
+            have = {name: digest for digest, name in (line.split() for line in listing.splitlines())}
+            if have != want:
+                stale.append(f"{node}:{tool}")
+    return stale
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kubectl]:
     if not lab_running():
         pytest.skip("the lab is not running (make lab-up)")
     kubectl_binary = fetch_kubectl.fetch()
     if sh(CONTROL_PLANE, "test -e /etc/kubernetes/admin.conf").returncode == 0:
+        stale = stale_stand_ins()
+        if stale:
+            pytest.fail(
+                "the stage's cluster runs kubeadm/kubelet stand-ins older than this checkout (the mirror "
+                f"rebuilt them under the same version {VERSION}): {', '.join(stale)}; reinstall them on the "
+                "nodes "
+                "(apt-get install --reinstall kubeadm kubelet, then restart kubelet) or recreate the lab"
+            )
         kubeconfig = tmp_path_factory.mktemp("kube") / "admin.conf"
         kubeconfig.write_text(ok(CONTROL_PLANE, "cat /etc/kubernetes/admin.conf"))
         kubeconfig.chmod(0o600)
