@@ -24,6 +24,7 @@ sys.path.insert(0, str(FAKE_NVML_DIR))
 sys.path.insert(1, str(ROOT / "library"))
 
 import ansible.module_utils  # noqa: E402
+from ansible.module_utils import _internal as ansible_module_internal  # noqa: E402
 from ansible.module_utils import basic  # noqa: E402
 from ansible.module_utils.common import warnings as ansible_warnings  # noqa: E402
 from ansible.module_utils.testing import patch_module_args  # noqa: E402
@@ -84,7 +85,11 @@ class FakeNode:
 
 
 @pytest.fixture(autouse=True)
-def _clean_nvml_and_warnings() -> Iterator[None]:
+def _clean_nvml_and_warnings(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    # Modules run in this process as on a node. Once any test imports controller code
+    # (ansible.template, ansible.parsing), ansible-core marks the process a controller and
+    # sends module warnings to its Display instead of the module result: undo that here.
+    monkeypatch.setattr(ansible_module_internal, "is_controller", False)
     ansible_warnings._global_warnings.clear()
     yield
     pynvml._nvmlLib_refcount = 0
