@@ -136,62 +136,25 @@ msg:
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpu_health_rules import (
-    HEALTHY,
-    UNHEALTHY,
-    Finding,
-    gpu_findings,
-    node_findings,
-    verdict_of,
-    worst,
-)
-from ansible.module_utils.gpu_inventory import read_node
-from ansible.module_utils.nvml_session import NvmlUnavailable, describe_error, nvml_session, require_pynvml
+from ansible.module_utils.gpu_health_rules import HEALTHY, UNHEALTHY
+from ansible.module_utils.gpu_node_health import assess_node
+from ansible.module_utils.nvml_session import require_pynvml
 
 
-def summarise(verdict: str, node: list[Finding], gpus: list[dict[str, Any]]) -> str:
-    parts = [f.reason for f in node]
+def summarise(verdict: str, node_reasons: list[str], gpus: list[dict[str, Any]]) -> str:
+    parts = list(node_reasons)
     parts += [f"GPU {g['index']} {','.join(g['reasons'])}" for g in gpus if g["reasons"]]
     return verdict + (": " + "; ".join(parts) if parts else "")
 
 
 def assess(module: AnsibleModule, nvml: Any) -> dict[str, Any]:
     params = module.params
-    system: dict[str, Any] = {"gpu_count": None, "driver_version": None}
-    node_level: list[Finding] = []
-    gpus: list[dict[str, Any]] = []
-    try:
-        with nvml_session(nvml):
-            node = read_node(nvml)
-    except NvmlUnavailable as exc:
-        node_level.append(Finding("nvml_error", str(exc)))
-    except nvml.NVMLError as exc:
-        node_level.append(Finding("nvml_error", describe_error(exc, "Reading the GPUs")))
-    else:
-        system = {"gpu_count": node.system["gpu_count"], "driver_version": node.system["driver_version"]}
-        node_level.extend(node_findings(node.system["gpu_count"], params["expected_gpu_count"]))
-        for reading in node.gpus:
-            findings = gpu_findings(reading.facts, reading.error_reason, params["corrected_errors_threshold"])
-            gpus.append(
-                {
-                    "index": reading.index,
-                    "uuid": reading.facts["uuid"],
-                    "pci_bus_id": reading.facts["pci_bus_id"],
-                    "verdict": verdict_of(findings),
-                    "reasons": [f.reason for f in findings],
-                    "messages": [f.message for f in findings],
-                }
-            )
-    verdict = worst([verdict_of(node_level)] + [g["verdict"] for g in gpus])
+    node = assess_node(nvml, params["expected_gpu_count"], params["corrected_errors_threshold"])
     return {
         "changed": False,
-        "verdict": verdict,
-        "healthy": verdict == HEALTHY,
-        "reasons": [f.reason for f in node_level],
-        "messages": [f.message for f in node_level],
-        "gpus": gpus,
-        "msg": summarise(verdict, node_level, gpus),
-        **system,
+        **node,
+        "healthy": node["verdict"] == HEALTHY,
+        "msg": summarise(node["verdict"], node["reasons"], node["gpus"]),
     }
 
 

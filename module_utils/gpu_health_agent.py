@@ -46,18 +46,8 @@ from ansible.module_utils.gpu_breaker import (
     history_with,
     plan,
 )
-from ansible.module_utils.gpu_health_rules import (
-    DEGRADED,
-    HEALTHY,
-    UNHEALTHY,
-    Finding,
-    gpu_findings,
-    node_findings,
-    verdict_of,
-    worst,
-)
-from ansible.module_utils.gpu_inventory import read_node
-from ansible.module_utils.nvml_session import NvmlUnavailable, describe_error, nvml_session
+from ansible.module_utils.gpu_health_rules import DEGRADED, HEALTHY, UNHEALTHY
+from ansible.module_utils.gpu_node_health import assess_node
 
 LOG = logging.getLogger("gpu-health-agent")
 AGENT = "gpu-health-agent"
@@ -112,36 +102,8 @@ class Config:
 
 
 def assess(nvml: ModuleType, expected_gpu_count: int | None, threshold: int | None) -> dict[str, Any]:
-    """The node's verdict as the gpu_health module computes it (same rules, same result keys)."""
-    node_level: list[Finding] = []
-    gpus: list[dict[str, Any]] = []
-    try:
-        with nvml_session(nvml):
-            node = read_node(nvml, with_details=True)
-    except NvmlUnavailable as exc:
-        node_level.append(Finding("nvml_error", str(exc)))
-    except nvml.NVMLError as exc:
-        node_level.append(Finding("nvml_error", describe_error(exc, "Reading the GPUs")))
-    else:
-        node_level.extend(node_findings(node.system["gpu_count"], expected_gpu_count))
-        for reading in node.gpus:
-            findings = gpu_findings(reading.facts, reading.error_reason, threshold)
-            gpus.append(
-                {
-                    "index": reading.index,
-                    "uuid": reading.facts["uuid"],
-                    "verdict": verdict_of(findings),
-                    "reasons": [f.reason for f in findings],
-                    "messages": [f.message for f in findings],
-                }
-            )
-    verdict = worst([verdict_of(node_level)] + [g["verdict"] for g in gpus])
-    return {
-        "verdict": verdict,
-        "reasons": [f.reason for f in node_level],
-        "messages": [f.message for f in node_level],
-        "gpus": gpus,
-    }
+    """The node's verdict exactly as the gpu_health module computes it (module_utils/gpu_node_health)."""
+    return assess_node(nvml, expected_gpu_count, threshold)
 
 
 class NvmlEvents:
