@@ -1,6 +1,6 @@
 """The circuit breaker for cordoning GPU nodes: one rule, used by the GPU health agent
-(module_utils/gpu_health_agent.py) and by playbooks/remediate/ecc-cordon.yml (through the filter plugin
-``gpu_breaker_plan`` in filter_plugins/gpu_breaker.py).
+(module_utils/gpu_health_agent.py) and by playbooks/remediate/ecc-cordon.yml and uncordon.yml (through
+the module library/gpu_cordon_plan.py).
 
 Why a breaker: the article's cron script cordoned on any ECC count, so one bad reading on every node (a
 driver bug, a fleet-wide corrected-error burst) would have emptied the cluster. A broken GPU node taken out
@@ -86,7 +86,7 @@ def plan(
 
 # ------------------------------------------------------------------------ what a cordon leaves on a node
 # The one home of the annotation keys: the agent writes them, ecc-cordon.yml and uncordon.yml read and
-# write them (module gpu_breaker_plan returns them).
+# write them (module gpu_cordon_plan returns them).
 CORDON_ANNOTATION = "gpu-health.llm-platform.io/cordon"
 HISTORY_ANNOTATION = "gpu-health.llm-platform.io/history"
 HISTORY_LENGTH = 20
