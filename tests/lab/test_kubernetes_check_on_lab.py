@@ -1,0 +1,138 @@
+"""`--check` of the Kubernetes stage (playbooks/kubernetes.yml) on a never-converged server.
+
+    flock /tmp/lab.lock .venv/bin/pytest -m lab tests/lab/test_kubernetes_check_on_lab.py -v
+
+README's first production command is `ansible-playbook ... playbooks/site.yml --check --diff`. On new
+servers the stage must say what it would do (kubeadm init, Calico, the device plugin) and fail nowhere,
+as the GPU stage does (tests/lab/test_gpu_stage_on_lab.py). The server is a throw-away container of the
+lab image (`k8s-check-fresh`, 10.89.42.20, reached with podman exec) in control_plane, k8s_cluster and
+gpu_nodes, with the lab's group_vars (its mirror). Needs the lab up (`make lab-up`): skipped otherwise.
+That `--check` on the converged lab changes nothing is proved by tests/lab/test_site_on_lab.py.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.lab
+
+ROOT = Path(__file__).resolve().parents[2]
+LAB_INVENTORY = ROOT / "inventories" / "lab"
+NODES = ("gpu-node-1", "gpu-node-2", "gpu-node-3")
+FRESH = "k8s-check-fresh"
+# on the lab network next to the nodes (.11-.13) and gpu-check-fresh (.19), clear of lab
+# services (.3-.10) and molecule (.31-.59)
+FRESH_IP = "10.89.42.20"
+LAB_IMAGE = "localhost/llm-lab-node:bookworm"
+RECAP = re.compile(
+    r"^(?P<host>\S+)\s+:\s+ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)\s+unreachable=\d+\s+failed=(?P<failed>\d+)",
+    re.MULTILINE,
+)
+
+
+def env() -> dict[str, str]:
+    return {
+        **os.environ,
+        "CONTAINERS_CONF": os.environ.get("CONTAINERS_CONF", str(ROOT / "tests" / "lab" / "containers.conf")),
+        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+        "ANSIBLE_NOCOLOR": "1",
+    }
+
+
+def podman(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["podman", *args], capture_output=True, text=True, env=env(), timeout=120)
+
+
+def default(role: str, name: str) -> str:
+    return str(yaml.safe_load((ROOT / "roles" / role / "defaults" / "main.yml").read_text())[name])
+
+
+@pytest.fixture
+def fresh_inventory(tmp_path: Path) -> Iterator[Path]:
+    """A never-converged server: a throw-away lab-image container; yields an inventory for it."""
+    if shutil.which("podman") is None:
+        pytest.skip("podman is not installed: the lab is not set up here (make lab-up, docs/lab.md)")
+    running = podman("ps", "--format", "{{.Names}}").stdout.split()
+    down = [node for node in NODES if node not in running]
+    if down:
+        pytest.skip(f"lab nodes not running: {', '.join(down)} (make lab-up)")
+    podman("rm", "--force", "--time", "0", FRESH)
+    started = podman(
+        "run", "--detach", "--name", FRESH, "--hostname", FRESH, "--systemd", "always",
+        "--network", "llmlab", "--ip", FRESH_IP, "--no-hosts", LAB_IMAGE, "/sbin/init",
+    )  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    try:
+        group_vars = tmp_path / "group_vars"
+        group_vars.mkdir()
+        for name in ("gpu_nodes.yml", "k8s_cluster.yml"):
+            shutil.copy(LAB_INVENTORY / "group_vars" / name, group_vars / name)
+        # all.yml finds the lab's SSH keys relative to its inventory: point it at the checkout's
+        (group_vars / "all.yml").write_text(
+            (LAB_INVENTORY / "group_vars" / "all.yml")
+            .read_text()
+            .replace("{{ inventory_dir }}/../..", str(ROOT))
+            .replace("inventory_dir + '/../..", f"'{ROOT}")
+        )
+        (tmp_path / "hosts.yml").write_text(
+            "all:\n  children:\n    k8s_cluster:\n      children:\n"
+            "        control_plane:\n          hosts:\n"
+            f"            {FRESH}:\n"
+            "              ansible_connection: containers.podman.podman\n"
+            f"              ansible_host: {FRESH}\n"
+            "              ansible_user: root\n"
+            "              ansible_python_interpreter: /usr/bin/python3\n"
+            f"              node_ip: {FRESH_IP}\n"
+            "        workers:\n          hosts: {}\n"
+            "    gpu_nodes:\n      children:\n        control_plane:\n"
+        )
+        yield tmp_path / "hosts.yml"
+    finally:
+        podman("rm", "--force", "--time", "0", FRESH)
+
+
+def test_check_mode_on_a_fresh_node_reports_the_cluster_it_would_make(fresh_inventory: Path) -> None:
+    proc = subprocess.run(
+        [
+            str(ROOT / ".venv" / "bin" / "ansible-playbook"),
+            "-i",
+            str(fresh_inventory),
+            str(ROOT / "playbooks" / "kubernetes.yml"),
+            "--check",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env(),
+        timeout=900,
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-6000:]
+    recap = {m["host"]: (int(m["changed"]), int(m["failed"])) for m in RECAP.finditer(output)}
+    changed, failed = recap[FRESH]
+    assert failed == 0
+    assert changed > 0
+    said = " ".join(output.split())
+    assert "installs kubeadm, kubelet, kubectl" in said
+    assert "would run kubeadm init" in said
+    assert f"would apply Calico {default('calico', 'calico_version')}" in said
+    plugin_version = default("nvidia_device_plugin", "nvidia_device_plugin_version")
+    assert f"would apply the device plugin {plugin_version}" in said
+    assert "no Kubernetes cluster" in said
+    # --check wrote nothing
+    left = podman(
+        "exec", FRESH, "sh", "-c",
+        "ls -d /etc/kubernetes/admin.conf /etc/kubernetes/kubeadm-config.yaml /etc/kubernetes/addons"
+        " /etc/apt/sources.list.d/kubernetes.sources /etc/apt/sources.list.d/docker.sources"
+        " /etc/containerd/config.toml /opt/kubernetes-client 2>/dev/null; true",
+    )  # fmt: skip
+    assert left.returncode == 0, left.stderr
+    assert left.stdout.split() == []
