@@ -1,0 +1,153 @@
+"""What every lab test does: run a playbook against the lab and read its recap, run a command on a node.
+
+One home for the environment (podman's config, ansible.cfg, no colour), the PLAY RECAP parser and the
+JSON callback reader, so a change in how the lab is reached is made once:
+
+    from labrun import NODES, on_node, playbook
+
+    run = playbook("playbooks/kubernetes.yml", "--limit", "workers")
+    assert run.rc == 0, run.tail()
+    assert run.changed() == dict.fromkeys(NODES, 0)
+
+`tests/lab` has no __init__.py, so pytest puts it on sys.path for the tests in it (import mode prepend).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+LAB_INVENTORY = "inventories/lab/hosts.yml"
+NODES = ("gpu-node-1", "gpu-node-2", "gpu-node-3")
+RECAP = re.compile(
+    r"^(?P<host>\S+)\s+:\s+ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)"
+    r"\s+unreachable=(?P<unreachable>\d+)\s+failed=(?P<failed>\d+)",
+    re.MULTILINE,
+)
+
+
+def env(json_callback: bool = False) -> dict[str, str]:
+    """The environment of a lab command: the lab's podman config, this checkout's ansible.cfg, no colour."""
+    result = {
+        **os.environ,
+        "CONTAINERS_CONF": os.environ.get("CONTAINERS_CONF", str(ROOT / "tests/lab/containers.conf")),
+        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+        "ANSIBLE_FORCE_COLOR": "0",
+        "ANSIBLE_NOCOLOR": "1",
+    }
+    if json_callback:
+        result["ANSIBLE_STDOUT_CALLBACK"] = "ansible.posix.json"
+        result["ANSIBLE_CALLBACKS_ENABLED"] = "ansible.posix.json"
+    return result
+
+
+def podman(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["podman", *args], capture_output=True, text=True, env=env(), timeout=timeout)
+
+
+def on_node(node: str, command: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    """`sh -c command` inside a lab node (podman exec, not SSH: the test's view of the node)."""
+    return podman("exec", node, "sh", "-c", command, timeout=timeout)
+
+
+def running_nodes() -> list[str]:
+    return podman("ps", "--format", "{{.Names}}").stdout.split()
+
+
+@dataclass
+class Run:
+    """One ansible-playbook run: exit status, the PLAY RECAP per host, the whole output."""
+
+    rc: int
+    output: str
+    recap: dict[str, dict[str, int]] = field(default_factory=dict)
+    result: dict[str, Any] | None = None  # the JSON callback's document, when asked for
+
+    def changed(self) -> dict[str, int]:
+        return {host: counts["changed"] for host, counts in self.recap.items()}
+
+    def failed(self) -> dict[str, int]:
+        return {host: counts["failed"] for host, counts in self.recap.items()}
+
+    def tail(self, chars: int = 6000) -> str:
+        return self.output[-chars:]
+
+    def changed_tasks(self) -> list[str]:
+        """Task headers followed by a `changed:` line (default callback), to name what broke idempotence."""
+        names, current = [], ""
+        for line in self.output.splitlines():
+            if line.startswith(("TASK [", "RUNNING HANDLER [")):
+                current = line.split("[", 1)[1].rsplit("]", 1)[0]
+            elif line.startswith("changed:") and current not in names:
+                names.append(current)
+        return names
+
+    def task_results(self, name_start: str) -> list[tuple[str, dict[str, Any]]]:
+        """(host, result) of each task whose name starts with name_start (JSON callback only); loop items
+        flattened, skipped ones left out."""
+        assert self.result is not None, "run the playbook with json_callback=True"
+        found = []
+        for play in self.result["plays"]:
+            for task in play["tasks"]:
+                if task["task"]["name"].split(" : ", 1)[-1].startswith(name_start):  # "role : name"
+                    for host, result in task["hosts"].items():
+                        items = result.get("results", [result])
+                        found += [(host, item) for item in items if not item.get("skipped")]
+        return found
+
+
+def parse_recap(output: str) -> dict[str, dict[str, int]]:
+    counts = ("ok", "changed", "unreachable", "failed")
+    return {m["host"]: {k: int(m[k]) for k in counts} for m in RECAP.finditer(output)}
+
+
+def parse_json(stdout: str) -> dict[str, Any]:
+    start = stdout.find("{\n")
+    assert start >= 0, f"no JSON document in the output:\n{stdout[-3000:]}"
+    document, _ = json.JSONDecoder().raw_decode(stdout[start:])
+    return document
+
+
+def playbook_args(path: str, *extra: str, inventory: str = LAB_INVENTORY) -> list[str]:
+    return [str(ROOT / ".venv/bin/ansible-playbook"), "-i", inventory, path, *extra]
+
+
+def playbook(
+    path: str, *extra: str, inventory: str = LAB_INVENTORY, timeout: int = 1800, json_callback: bool = False
+) -> Run:
+    """Run `ansible-playbook -i <lab inventory> path extra...` from the checkout's root."""
+    proc = subprocess.run(
+        playbook_args(path, *extra, inventory=inventory),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env(json_callback),
+        timeout=timeout,
+    )
+    output = proc.stdout + proc.stderr
+    if json_callback:
+        document = parse_json(proc.stdout)
+        recap = {
+            host: {k: stats.get(k, 0) for k in ("ok", "changed", "unreachable", "failed")}
+            for host, stats in document["stats"].items()
+        }
+        return Run(proc.returncode, output, recap, document)
+    return Run(proc.returncode, output, parse_recap(output))
+
+
+def background_playbook(path: str, *extra: str, inventory: str = LAB_INVENTORY) -> subprocess.Popen[str]:
+    """Start a playbook and return at once (for tests that interrupt a run); JSON callback on."""
+    return subprocess.Popen(
+        playbook_args(path, *extra, inventory=inventory),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env(json_callback=True),
+    )
