@@ -1,7 +1,7 @@
 """The vllm_serving role's manifests: every rendered object validates against the Kubernetes 1.36 schemas
 (kubernetes-validate, strict), and the policies hold over the rendered objects: GPU requests equal limits,
 non-root uid 1001 without privilege escalation, startup/readiness/liveness probes on /health with the
-startup budget, /dev/shm in memory, weights read-only from <root>/<name>/current, image by digest. Bad input
+startup budget, /dev/shm in memory, weights read-only from <root>/<name>/<version> (never `current`), image by digest. Bad input
 is refused by the role's validation before anything changes, naming the variable."""
 
 from __future__ import annotations
@@ -21,7 +21,13 @@ ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles" / "vllm_serving"
 K8S_VERSION = "1.36.0"
 DIGEST = "sha256:" + "ab" * 32
-MODEL = {"name": "qwen2-7b", "replicas": 2, "max_model_len": 8192, "served_model_name": "qwen2-7b-instruct"}
+MODEL = {
+    "name": "qwen2-7b",
+    "version": "2024-06-06",
+    "replicas": 2,
+    "max_model_len": 8192,
+    "served_model_name": "qwen2-7b-instruct",
+}
 
 
 def role_vars(**overrides: Any) -> dict[str, Any]:
@@ -81,11 +87,11 @@ def test_probes_on_health_with_the_startup_budget(statefulset: dict[str, Any]) -
     assert startup["failureThreshold"] == math.ceil(budget / startup["periodSeconds"])
 
 
-def test_weights_read_only_from_current_and_shm_in_memory(statefulset: dict[str, Any]) -> None:
+def test_weights_read_only_from_the_version_and_shm_in_memory(statefulset: dict[str, Any]) -> None:
     pod = statefulset["spec"]["template"]["spec"]
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
-    assert volumes["weights"]["hostPath"] == {"path": "/models/qwen2-7b/current", "type": "Directory"}
+    assert volumes["weights"]["hostPath"] == {"path": "/models/qwen2-7b/2024-06-06", "type": "Directory"}
     assert mounts["weights"] == {"name": "weights", "mountPath": "/model", "readOnly": True}
     assert volumes["dshm"]["emptyDir"]["medium"] == "Memory" and mounts["dshm"]["mountPath"] == "/dev/shm"
     assert "--model=/model" in pod["containers"][0]["args"]
@@ -165,6 +171,16 @@ def test_good_input_passes(tmp_path: Path) -> None:
         ),
         ({"vllm_serving_models": [{**MODEL, "name": "Qwen2_7B"}]}, "vllm_serving_models", "DNS label"),
         (
+            {"vllm_serving_models": [{k: v for k, v in MODEL.items() if k != "version"}]},
+            "vllm_serving_models[0] (qwen2-7b).version",
+            "neither set on the entry nor listed",
+        ),
+        (
+            {"vllm_serving_models": [{**MODEL, "version": "current"}]},
+            "vllm_serving_models[0] (qwen2-7b).version",
+            "not a version directory name",
+        ),
+        (
             {"vllm_serving_models": [{**MODEL, "gpu_count": 2}]},
             "vllm_serving_models[0]",
             "keys must be among",
@@ -177,6 +193,8 @@ def test_good_input_passes(tmp_path: Path) -> None:
         "gpus-over-node",
         "requests-not-limits",
         "bad-name",
+        "no-version",
+        "version-current",
         "unknown-key",
     ],
 )
@@ -187,6 +205,17 @@ def test_bad_input_is_refused_naming_the_variable(
     assert result.returncode != 0
     out = " ".join(result.stdout.split())
     assert named in out and says in out, out[-2000:]
+
+
+def test_the_version_defaults_to_the_models_stage_list(tmp_path: Path) -> None:
+    """Without `version` the entry mounts the version model_sync_models lists for it; a canary entry reads
+    another model's directory through weights_name."""
+    entry = {k: v for k, v in MODEL.items() if k != "version"}
+    synced = [{"name": "qwen2-7b", "version": "v7"}]
+    assert run_validate(tmp_path, vllm_serving_models=[entry], model_sync_models=synced).returncode == 0
+    canary = {**MODEL, "name": "qwen2-7b-canary", "weights_name": "qwen2-7b", "version": "v8"}
+    volumes = render("statefulset.yml.j2", canary)["spec"]["template"]["spec"]["volumes"]
+    assert volumes[0]["hostPath"]["path"] == "/models/qwen2-7b/v8"
 
 
 def test_a_newer_driver_admits_the_newer_image(tmp_path: Path) -> None:
