@@ -11,31 +11,14 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import jinja2
 import kubernetes_validate
 import pytest
 import yaml
 from monitoring_promql import ROLE, RULES
+from monitoring_render import SITE, render
 
 K8S_VERSION = "1.36.0"
 WEBHOOK = "https://alerts.example.org/hook"
-
-
-def render(template: str, **overrides: Any) -> str:
-    """Render one of the role's templates as Ansible would: its defaults, `lookup('file'|'template', ...)`
-    from the role's files/ and templates/ (trailing whitespace stripped, as the file lookup does)."""
-    variables = {**yaml.safe_load((ROLE / "defaults" / "main.yml").read_text()), **overrides}
-    variables["ansible_managed"] = "Ansible managed"
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-    env.filters["to_json"] = json.dumps
-
-    def lookup(kind: str, path: str) -> str:
-        if kind == "ansible.builtin.file":
-            return (ROLE / "files" / path).read_text().rstrip()
-        assert kind == "ansible.builtin.template", kind
-        return env.from_string((ROLE / "templates" / path).read_text()).render(**variables, lookup=lookup)
-
-    return lookup("ansible.builtin.template", template)
 
 
 def test_prometheus_config_is_accepted_with_its_rules(tmp_path: Path) -> None:
@@ -85,6 +68,13 @@ def test_configmaps_validate_and_carry_every_file() -> None:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
         assert doc["metadata"]["namespace"] == "monitoring"
     data = {doc["metadata"]["name"]: doc["data"] for doc in docs}
+    # the Alertmanager configuration holds the receiver URL: a Secret (test_monitoring_workloads.py)
+    assert set(data) == {
+        "prometheus-config",
+        "grafana-provisioning",
+        "grafana-dashboards",
+        "dcgm-exporter-counters",
+    }
     assert data["prometheus-config"]["alert-rules.yml"] == RULES.read_text().rstrip()
     assert set(data["grafana-dashboards"]) == {"overview.json", "vllm-instance.json", "gpu-health.json"}
     for board in data["grafana-dashboards"].values():
@@ -101,15 +91,28 @@ def test_configmaps_validate_and_carry_every_file() -> None:
         ("monitoring_alert_webhook_url", "alerts.example.org"),
         ("monitoring_namespace", "Monitoring"),
         ("monitoring_scrape_interval", "30"),
+        ("monitoring_prometheus_image_digest", ""),
+        ("monitoring_alertmanager_image_digest", "sha256:abc"),
+        ("monitoring_grafana_image_digest", ""),
+        ("monitoring_dcgm_exporter_image_digest", ""),
+        ("monitoring_grafana_image", "docker.io/grafana/grafana@sha256:" + "ab" * 32),
+        ("monitoring_prometheus_retention", "15"),
+        ("monitoring_prometheus_storage_gib", 1),
+        ("monitoring_prometheus_storage_class", "Fast SSD"),
+        ("monitoring_prometheus_resources", {"requests": {"cpu": "1", "memory": "1Gi"}}),
+        ("monitoring_grafana_datasource_uid", "a uid"),
+        ("monitoring_grafana_admin_password", ""),
+        ("monitoring_dcgm_exporter_manifest_sha256", "abc"),
+        ("monitoring_serving_namespace", "Serving"),
     ],
 )
-def test_bad_values_are_refused_naming_the_variable(variable: str, value: str, tmp_path: Path) -> None:
+def test_bad_values_are_refused_naming_the_variable(variable: str, value: Any, tmp_path: Path) -> None:
     ansible = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "ansible-playbook"
     play = [
         {
             "hosts": "localhost",
             "gather_facts": False,
-            "vars": {"monitoring_alert_webhook_url": WEBHOOK, variable: value},
+            "vars": {**SITE, variable: value},
             "tasks": [{"ansible.builtin.include_role": {"name": "monitoring", "tasks_from": "validate"}}],
         }
     ]
@@ -125,6 +128,7 @@ def test_bad_values_are_refused_naming_the_variable(variable: str, value: str, t
     )
     assert result.returncode != 0
     assert variable in result.stdout
+    assert SITE["monitoring_grafana_admin_password"] not in result.stdout  # never printed
 
 
 def test_good_values_pass_validation(tmp_path: Path) -> None:
@@ -133,7 +137,7 @@ def test_good_values_pass_validation(tmp_path: Path) -> None:
         {
             "hosts": "localhost",
             "gather_facts": False,
-            "vars": {"monitoring_alert_webhook_url": WEBHOOK},
+            "vars": SITE,
             "tasks": [{"ansible.builtin.include_role": {"name": "monitoring", "tasks_from": "validate"}}],
         }
     ]
