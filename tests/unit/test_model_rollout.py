@@ -1,0 +1,136 @@
+"""playbooks/canary.yml, promote.yml and remediate/rollback-model.yml refuse bad input before anything
+changes, naming the variable (or the missing or damaged weights path), on a local inventory: the refusals
+come before any API call. What they do on a cluster, with the gateway running for real in front of two
+simulators: tests/lab/test_canary_on_lab.py."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+PLAYBOOKS = {
+    "canary": "playbooks/canary.yml",
+    "promote": "playbooks/promote.yml",
+    "rollback": "playbooks/remediate/rollback-model.yml",
+}
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Path:
+    """A one-node inventory (local connection) and the serving values the playbooks validate."""
+    local = {"ansible_connection": "local", "ansible_python_interpreter": str(ROOT / ".venv/bin/python")}
+    inventory = {
+        "all": {
+            "children": {
+                "k8s_cluster": {"children": {"control_plane": {"hosts": {"gpu-node-1": local}}}},
+                "gpu_nodes": {"children": {"control_plane": {}}},
+            }
+        }
+    }
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
+    variables = {
+        "ansible_become": False,
+        "vllm_serving_image_digest": "sha256:" + "ab" * 32,
+        "vllm_serving_models_root": str(tmp_path / "models"),
+        "vllm_serving_models": [{"name": "qwen2-7b", "served_model_name": "qwen2-7b-chat", "replicas": 1}],
+        "model_sync_models": [{"name": "qwen2-7b", "version": "v1"}],
+        "llm_gateway_image_digest": "sha256:" + "cd" * 32,
+        "llm_gateway_jwt_secret": "x" * 40,
+    }
+    (tmp_path / "vars.yml").write_text(yaml.safe_dump(variables))
+    return tmp_path
+
+
+def run(site: Path, playbook: str, *extra: str) -> tuple[int, str]:
+    proc = subprocess.run(
+        [
+            str(ROOT / ".venv/bin/ansible-playbook"),
+            "-i",
+            str(site / "hosts.yml"),
+            PLAYBOOKS[playbook],
+            "-e",
+            f"@{site / 'vars.yml'}",
+            *extra,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"},
+        timeout=180,
+    )
+    return proc.returncode, " ".join((proc.stdout + proc.stderr).split())
+
+
+@pytest.mark.parametrize(
+    ("playbook", "extra", "says"),
+    [
+        (
+            "canary",
+            [],
+            "model (model_rollout_model) must be the served name of one vllm_serving_models entry",
+        ),
+        (
+            "promote",
+            ["-e", "model=qwen2-7b"],
+            "must be the served name of one vllm_serving_models entry (qwen2-7b-chat)",
+        ),
+        ("rollback", ["-e", "model=nope"], 'got "nope"'),
+        ("canary", ["-e", "model=qwen2-7b-chat"], "canary needs version (model_rollout_version)"),
+        ("canary", ["-e", "model=qwen2-7b-chat", "-e", "version=current"], "(not `current`)"),
+        (
+            "canary",
+            ["-e", "model=qwen2-7b-chat", "-e", "version=v2", "-e", "weight=ten"],
+            # the role's argument spec refuses it first
+            "argument 'model_rollout_weight' is of type str and we were unable to convert to int",
+        ),
+        ("canary", ["-e", "model=qwen2-7b-chat", "-e", "version=v2", "-e", "weight=150"], 'got "150"'),
+    ],
+    ids=[
+        "no-model",
+        "name-not-served-name",
+        "unknown-model",
+        "no-version",
+        "version-current",
+        "weight-text",
+        "weight-over-100",
+    ],
+)
+def test_bad_input_is_refused_naming_the_variable(
+    site: Path, playbook: str, extra: list[str], says: str
+) -> None:
+    rc, out = run(site, playbook, *extra)
+    assert rc != 0 and says in out, out[-3000:]
+    assert "changed=0" in out
+
+
+def test_a_version_not_synced_is_refused_naming_the_path(site: Path) -> None:
+    rc, out = run(site, "canary", "-e", "model=qwen2-7b-chat", "-e", "version=v2")
+    missing = site / "models" / "qwen2-7b" / "v2.manifest.json"
+    assert rc != 0 and f"{missing} does not exist: version v2 of qwen2-7b is not synced" in out, out[-3000:]
+
+
+def test_weights_that_do_not_match_their_manifest_are_refused(site: Path) -> None:
+    version = site / "models" / "qwen2-7b" / "v2"
+    version.mkdir(parents=True)
+    weights = version / "model.safetensors"
+    weights.write_bytes(b"weights as published")
+    entry = {"path": "model.safetensors", "size": weights.stat().st_size}
+    entry["sha256"] = hashlib.sha256(weights.read_bytes()).hexdigest()
+    manifest = {
+        "format": "model-manifest/1",
+        "algorithm": "sha256",
+        "file_count": 1,
+        "total_size": entry["size"],
+    }
+    (version.parent / "v2.manifest.json").write_text(json.dumps({**manifest, "files": [entry]}))
+    weights.write_bytes(b"weights as corrupted")  # same size, other bytes
+    rc, out = run(site, "canary", "-e", "model=qwen2-7b-chat", "-e", "version=v2")
+    assert rc != 0 and f"{version} does not match its manifest" in out, out[-3000:]
+    assert 'mismatched ["model.safetensors"]' in out, out[-3000:]
