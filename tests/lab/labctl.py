@@ -103,6 +103,43 @@ def ensure_image(rebuild: bool = False) -> None:
     podman("image", "prune", "-f", "--filter", "label=llm-lab.inputs", check=False)
 
 
+GATEWAY_IMAGE = "localhost/llm-gateway:0.1.0"
+# llm_gateway_image_digest of inventories/lab: the digest of the gateway image built here
+GATEWAY_DIGEST_FILE = STATE / "llm-gateway-image.digest"
+
+
+def ensure_gateway_image() -> None:
+    """The gateway image from serve/Containerfile on the node image (pinned by digest), installing wheels
+    built here; no registry is reachable from the lab. Writes its digest for inventories/lab."""
+    base = podman("image", "inspect", "--format", "{{.Digest}}", IMAGE).stdout.strip()
+    serve = REPO / "serve"
+    inputs = [serve / "Containerfile", serve / "pyproject.toml", *sorted((serve / "src").rglob("*.py"))]
+    wanted = digest(inputs, extra=base)
+    label = "llm-lab.gateway-inputs"
+    current = podman(
+        "image", "inspect", "--format", f'{{{{ index .Labels "{label}" }}}}', GATEWAY_IMAGE, check=False
+    )
+    if current.returncode != 0 or current.stdout.strip() != wanted:
+        log(f"building image {GATEWAY_IMAGE} (serve/Containerfile, base {IMAGE}@{base[:19]})")
+        wheels = STATE / "gateway-wheels"
+        subprocess.run(["rm", "-rf", str(wheels)], check=True)
+        built = subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "-q", str(serve), "-w", str(wheels)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if built.returncode != 0:
+            raise LabError(f"pip wheel ./serve failed: {built.stdout[-1500:]}{built.stderr[-1500:]}")
+        podman(
+            "build", "-q", "-f", str(serve / "Containerfile"), "--label", f"{label}={wanted}",
+            "--build-arg", f"BASE_IMAGE={IMAGE.rsplit(':', 1)[0]}@{base}", "-t", GATEWAY_IMAGE, str(wheels),
+        )  # fmt: skip
+    image_digest = podman("image", "inspect", "--format", "{{.Digest}}", GATEWAY_IMAGE).stdout.strip()
+    GATEWAY_DIGEST_FILE.write_text(image_digest + "\n")
+    log(f"image {GATEWAY_IMAGE}@{image_digest} ({GATEWAY_DIGEST_FILE.relative_to(REPO)})")
+
+
 def ensure_ssh_key() -> None:
     if SSH_KEY.exists():
         return
@@ -377,6 +414,7 @@ def cmd_up(_: argparse.Namespace) -> None:
     ensure_ssh_key()
     write_ssh_config()
     ensure_image()
+    ensure_gateway_image()
     ensure_network()
     ensure_mirror()
     for node in NODES:
