@@ -13,6 +13,7 @@ Pure functions, stdlib only (the agent runs on nodes without Ansible).
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -90,6 +91,79 @@ def plan(
 CORDON_ANNOTATION = "gpu-health.llm-platform.io/cordon"
 HISTORY_ANNOTATION = "gpu-health.llm-platform.io/history"
 HISTORY_LENGTH = 20
+# On the breaker Lease: JSON {node: {why, time, by}} of the unhealthy nodes the breaker holds back now
+# (the agents and ecc-cordon.yml write it while they hold the Lease; a node's entry goes once it is
+# cordoned or healthy again).
+HELD_BACK_ANNOTATION = "gpu-health.llm-platform.io/held-back"
+
+
+# ---------------------------------------------------------------------- the breaker Lease (one lock)
+# Every agent and ecc-cordon.yml take the same coordination.k8s.io Lease around "count the cordoned GPU
+# nodes, cordon one more": whoever holds it decides alone. The Lease is taken with the resourceVersion read
+# (a concurrent taker gets HTTP 409) and given back by clearing holderIdentity; a holder that died loses it
+# after its leaseDurationSeconds.
+
+
+def micro_time(moment: dt.datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_time(text: str | None) -> dt.datetime | None:
+    if not text:
+        return None
+    try:
+        moment = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
+
+
+def lease_live_holder(lease: Mapping[str, Any], me: str, now: dt.datetime) -> str | None:
+    """Another holder whose hold has not expired (the caller must wait), or None (free, expired or mine)."""
+    spec = lease.get("spec") or {}
+    holder = spec.get("holderIdentity")
+    renewed = parse_time(spec.get("renewTime"))
+    duration = spec.get("leaseDurationSeconds") or 15
+    if holder and holder != me and renewed and renewed + dt.timedelta(seconds=duration) > now:
+        return str(holder)
+    return None
+
+
+def lease_taken(lease: Mapping[str, Any], me: str, duration: int, now: dt.datetime) -> dict[str, Any]:
+    """The Lease body to PUT (its resourceVersion kept: a concurrent taker makes it fail) to hold it."""
+    body = json.loads(json.dumps(lease))
+    body.setdefault("spec", {}).update(
+        holderIdentity=me,
+        leaseDurationSeconds=duration,
+        acquireTime=micro_time(now),
+        renewTime=micro_time(now),
+    )
+    return body
+
+
+def lease_released(
+    lease: Mapping[str, Any], held_back: Mapping[str, str | None], by: str, now: dt.datetime
+) -> dict[str, Any]:
+    """The Lease body to PUT to give it back, with the held-back annotation updated: ``held_back`` maps a
+    node to why the breaker holds it back now, or to None to drop it (cordoned, or healthy again)."""
+    body = json.loads(json.dumps(lease))
+    body["spec"]["holderIdentity"] = None
+    body["spec"].pop("acquireTime", None)
+    annotations = body.setdefault("metadata", {}).get("annotations") or {}
+    try:
+        current = json.loads(annotations.get(HELD_BACK_ANNOTATION) or "{}")
+        if not isinstance(current, dict):
+            current = {}
+    except ValueError:
+        current = {}
+    for node, why in held_back.items():
+        if why is None:
+            current.pop(node, None)
+        else:
+            current[node] = {"why": why, "by": by, "time": micro_time(now)}
+    annotations[HELD_BACK_ANNOTATION] = json.dumps(current, sort_keys=True)
+    body["metadata"]["annotations"] = annotations
+    return body
 
 
 def cordon_record(by: str, health: Mapping[str, Any], time: str) -> dict[str, Any]:

@@ -3,14 +3,17 @@
 Every ``poll_interval`` seconds (sooner when NVML reports an Xid or a double-bit ECC event, where the
 driver supports events) it reads the GPUs through NVML, judges them with the rules of ``gpu_health``
 (module_utils/gpu_health_rules.py: one implementation), serves the verdicts as Prometheus metrics, and
-when its node turns unhealthy it cordons the node (spec.unschedulable), annotates it (reason codes, GPUs,
-time) and records a Node event. It never uncordons: a human runs playbooks/remediate/uncordon.yml.
+when its node turns unhealthy it cordons the node (spec.unschedulable) and annotates it (reason codes,
+GPUs, time). It never uncordons: a human runs playbooks/remediate/uncordon.yml. Its token may get, list and
+patch nodes and read and update its Lease, nothing else: no Node events (ecc-cordon.yml, run by a human
+with the admin kubeconfig, posts those); the annotation, the Lease and the metrics say what it did.
 
-The circuit breaker (module_utils/gpu_breaker.py) is shared by all agents through one coordination.k8s.io
-Lease: an agent takes the Lease (optimistic concurrency on resourceVersion), lists the GPU nodes, applies
-the rule, cordons or holds back, and gives the Lease back; so three agents seeing faults at once decide one
-after the other, and the second sees the first's cordon. Held back: it logs, exposes
-``gpu_health_agent_breaker_held_back 1`` naming itself, and posts a Node event once.
+The circuit breaker (module_utils/gpu_breaker.py) is shared by all agents and ecc-cordon.yml through one
+coordination.k8s.io Lease: an agent takes the Lease (optimistic concurrency on resourceVersion), lists the
+GPU nodes, applies the rule, cordons or holds back, and gives the Lease back; so three agents seeing faults
+at once decide one after the other, and the second sees the first's cordon. Held back: it logs, exposes
+``gpu_health_agent_breaker_held_back 1`` naming itself, and names itself (with why) in the Lease's
+held-back annotation until it is cordoned or healthy again.
 
 It talks to the API with its ServiceAccount token (a file) and the cluster CA over plain
 ``http.client``; stdlib + pynvml only, so it runs in the nvidia-ml-py venv of role nvidia_driver. The role
@@ -44,6 +47,9 @@ from ansible.module_utils.gpu_breaker import (
     HISTORY_ANNOTATION,
     cordon_record,
     history_with,
+    lease_live_holder,
+    lease_released,
+    lease_taken,
     plan,
 )
 from ansible.module_utils.gpu_health_rules import DEGRADED, HEALTHY, UNHEALTHY
@@ -69,7 +75,6 @@ class Config:
     token_file: str
     lease_namespace: str
     lease_name: str
-    events_namespace: str = "default"
     gpu_node_selector: str = ""
     max_cordoned_percent: int = DEFAULT_MAX_CORDONED_PERCENT
     poll_interval: float = 5.0
@@ -230,21 +235,8 @@ def now_utc() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-def micro_time(moment: dt.datetime) -> str:
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
 def rfc3339(moment: dt.datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _parse_time(text: str | None) -> dt.datetime | None:
-    if not text:
-        return None
-    try:
-        return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
 
 
 class BreakerLease:
@@ -259,22 +251,14 @@ class BreakerLease:
 
     def acquire(self) -> bool:
         lease = self.api.request("GET", self.path)
-        spec = lease.setdefault("spec", {})
-        holder = spec.get("holderIdentity")
-        renewed = _parse_time(spec.get("renewTime"))
-        duration = spec.get("leaseDurationSeconds") or self.duration
         moment = now_utc()
-        if holder and holder != self.holder and renewed and renewed + dt.timedelta(seconds=duration) > moment:
+        holder = lease_live_holder(lease, self.holder, moment)
+        if holder:
             LOG.info("breaker Lease held by %s: deciding on the next poll", holder)
             return False
-        spec.update(
-            holderIdentity=self.holder,
-            leaseDurationSeconds=self.duration,
-            acquireTime=micro_time(moment),
-            renewTime=micro_time(moment),
-        )
         try:
-            self.lease = self.api.request("PUT", self.path, lease)
+            taken = lease_taken(lease, self.holder, self.duration, moment)
+            self.lease = self.api.request("PUT", self.path, taken)
         except ApiError as exc:
             if exc.status == 409:  # another agent took it between our GET and PUT
                 LOG.info("breaker Lease taken by another agent: deciding on the next poll")
@@ -282,14 +266,14 @@ class BreakerLease:
             raise
         return True
 
-    def release(self) -> None:
+    def release(self, held_back: dict[str, str | None] | None = None) -> None:
+        """Give the Lease back; ``held_back``: this node's entry in the held-back annotation (why, or None
+        to drop it)."""
         if self.lease is None:
             return
         lease, self.lease = self.lease, None
-        lease["spec"]["holderIdentity"] = None
-        lease["spec"].pop("acquireTime", None)
         try:
-            self.api.request("PUT", self.path, lease)
+            self.api.request("PUT", self.path, lease_released(lease, held_back or {}, AGENT, now_utc()))
         except ApiError as exc:  # it expires after leaseDurationSeconds anyway
             LOG.warning("could not give the breaker Lease back (%s); it expires in %ss", exc, self.duration)
 
@@ -303,7 +287,6 @@ class State:
     polls: int = 0
     poll_errors: int = 0
     api_errors: int = 0
-    events: int = 0
     last_poll: float = 0.0
     cordoned: bool = False
     cordoned_at: float = 0.0
@@ -321,7 +304,6 @@ class Agent:
         self.lease = BreakerLease(
             api, config.lease_namespace, config.lease_name, config.node_name, config.lease_duration
         )
-        self.held_back_reported = False
 
     # one poll: read, judge, act
     def poll(self) -> None:
@@ -330,19 +312,27 @@ class Agent:
             self.state.health = health
             self.state.polls += 1
             self.state.last_poll = time.time()
-        if health["verdict"] != UNHEALTHY:
-            if self.state.held_back:
-                LOG.info("node no longer unhealthy (%s): nothing held back", health["verdict"])
-            with self.lock:
-                self.state.held_back = ""
-            self.held_back_reported = False
-            return
         try:
+            if health["verdict"] != UNHEALTHY:
+                if self.state.held_back:
+                    self.forget_held_back(health)
+                return
             self.act_on_unhealthy(health)
         except (ApiError, OSError, ValueError) as exc:
             with self.lock:
                 self.state.api_errors += 1
             LOG.error("API: %s", exc)
+
+    def forget_held_back(self, health: dict[str, Any]) -> None:
+        """Healthy again after the breaker held it back: drop its name from the Lease."""
+        if not self.lease.acquire():
+            return  # on the next poll
+        try:
+            LOG.info("node no longer unhealthy (%s): not held back any more", health["verdict"])
+            with self.lock:
+                self.state.held_back = ""
+        finally:
+            self.lease.release({self.config.node_name: None})
 
     def node_path(self, name: str) -> str:
         return f"/api/v1/nodes/{urllib.parse.quote(name)}"
@@ -362,6 +352,7 @@ class Agent:
             return
         if not self.lease.acquire():
             return
+        held: dict[str, str | None] = {me: None}
         try:
             selector = urllib.parse.urlencode({"labelSelector": self.config.gpu_node_selector})
             nodes = self.api.request("GET", f"/api/v1/nodes?{selector}")["items"]
@@ -375,9 +366,10 @@ class Agent:
                 with self.lock:
                     self.state.cordoned = True
             else:
+                held[me] = decision.held_back[me]
                 self.hold_back(decision.held_back[me], health)
         finally:
-            self.lease.release()
+            self.lease.release(held)
 
     def cordon(self, node: dict[str, Any], health: dict[str, Any]) -> None:
         me = self.config.node_name
@@ -400,51 +392,13 @@ class Agent:
             self.state.cordoned_at = time.time()
             self.state.held_back = ""
         LOG.warning("cordoned %s: %s", me, record["message"])
-        self.event(node, "GPUUnhealthyCordoned", f"{AGENT} cordoned the node: {record['message']}", moment)
 
     def hold_back(self, why: str, health: dict[str, Any]) -> None:
         me = self.config.node_name
+        if self.state.held_back != why:
+            LOG.error("NOT cordoning %s although it is unhealthy (%s): %s", me, summary(health), why)
         with self.lock:
             self.state.held_back = why
-        LOG.error("NOT cordoning %s although it is unhealthy (%s): %s", me, summary(health), why)
-        if not self.held_back_reported:
-            node = self.api.request("GET", self.node_path(me))
-            self.event(
-                node,
-                "GPUUnhealthyBreakerHeld",
-                f"{me} is unhealthy ({summary(health)}) but not cordoned: {why}",
-                now_utc(),
-                "Warning",
-            )
-            self.held_back_reported = True
-
-    def event(
-        self, node: dict[str, Any], reason: str, message: str, moment: dt.datetime, kind: str = "Warning"
-    ) -> None:
-        me = self.config.node_name
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{me}.gpu-health-", "namespace": self.config.events_namespace},
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Node",
-                "name": me,
-                "uid": node["metadata"].get("uid"),
-            },
-            "reason": reason,
-            "message": message[:1000],
-            "type": kind,
-            "source": {"component": AGENT, "host": me},
-            "reportingComponent": AGENT,
-            "reportingInstance": me,
-            "firstTimestamp": rfc3339(moment),
-            "lastTimestamp": rfc3339(moment),
-            "count": 1,
-        }
-        self.api.request("POST", f"/api/v1/namespaces/{self.config.events_namespace}/events", body)
-        with self.lock:
-            self.state.events += 1
 
     def run(self) -> None:
         events = NvmlEvents(self.nvml)

@@ -43,6 +43,7 @@ GPU_LABEL = {"nvidia.com/gpu.present": "true"}
 NODES = {f"gpu-node-{i}": {"gpus": 4, "ip": f"10.89.42.1{i}", "labels": GPU_LABEL} for i in (1, 2, 3)}
 CORDON = "gpu-health.llm-platform.io/cordon"
 HISTORY = "gpu-health.llm-platform.io/history"
+HELD_BACK = "gpu-health.llm-platform.io/held-back"
 
 
 def role_vars() -> dict[str, Any]:
@@ -120,6 +121,10 @@ class Cluster:
                 patch["metadata"] = {"annotations": drop}
             self.admin.ok("PATCH", f"/api/v1/nodes/{name}", patch, "application/merge-patch+json")
         self.admin.ok("DELETE", "/api/v1/namespaces/default/events")
+        lease = self.admin.ok("GET", self.lease_path)
+        (lease["metadata"].get("annotations") or {}).pop(HELD_BACK, None)
+        lease["spec"]["holderIdentity"] = None
+        self.admin.ok("PUT", self.lease_path, lease)
 
     def node(self, name: str) -> dict[str, Any]:
         return self.admin.ok("GET", f"/api/v1/nodes/{name}")
@@ -130,6 +135,11 @@ class Cluster:
     def events(self, node: str) -> list[dict[str, Any]]:
         items = self.admin.ok("GET", "/api/v1/namespaces/default/events")["items"]
         return [e for e in items if e.get("involvedObject", {}).get("name") == node]
+
+    def held_back(self) -> dict[str, Any]:
+        """The breaker Lease's held-back annotation: node -> {why, by, time}."""
+        annotations = self.admin.ok("GET", self.lease_path)["metadata"].get("annotations") or {}
+        return json.loads(annotations.get(HELD_BACK) or "{}")
 
     def start_agent(self, name: str, poll_interval: float = 1) -> Agent:
         agent = Agent(self, name, poll_interval)
@@ -255,7 +265,7 @@ def agents(cluster: Cluster) -> Iterator[dict[str, Agent]]:
 # ------------------------------------------------------------------------------------------------ tests
 
 
-def test_uncorrectable_ecc_cordons_within_30s_with_reason_and_event(
+def test_uncorrectable_ecc_cordons_within_30s_with_reason_annotated(
     cluster: Cluster, agents: dict[str, Agent]
 ) -> None:
     started = time.monotonic()
@@ -270,9 +280,9 @@ def test_uncorrectable_ecc_cordons_within_30s_with_reason_and_event(
     assert record["gpus"][0]["index"] == 1 and record["gpus"][0]["uuid"].startswith("GPU-")
     assert record["time"].endswith("Z")
     assert json.loads(annotations[HISTORY])[-1]["action"] == "cordon"
-    events = cluster.events("gpu-node-2")
-    assert [e["reason"] for e in events] == ["GPUUnhealthyCordoned"]
-    assert "GPU 1: ecc_uncorrectable_volatile" in events[0]["message"]
+    assert record["message"] == "GPU 1: ecc_uncorrectable_volatile"
+    assert cluster.events("gpu-node-2") == []  # no events create: the annotation says it
+    assert cluster.held_back() == {}
     metrics = agents["gpu-node-2"].metrics() or ""
     assert 'gpu_health_agent_gpu_reason{gpu="1",reason="ecc_uncorrectable_volatile"} 1' in metrics
     assert 'gpu_health_agent_node_verdict{node="gpu-node-2",verdict="unhealthy"} 1' in metrics
@@ -282,7 +292,7 @@ def test_uncorrectable_ecc_cordons_within_30s_with_reason_and_event(
     wait(lambda: 'verdict="healthy"} 1' in (agents["gpu-node-2"].metrics() or ""))
     time.sleep(2.5)
     assert cluster.cordoned() == ["gpu-node-2"]
-    assert len(cluster.events("gpu-node-2")) == 1
+    assert len(json.loads(cluster.node("gpu-node-2")["metadata"]["annotations"][HISTORY])) == 1
 
 
 def test_corrected_errors_alone_cordon_nothing(cluster: Cluster, agents: dict[str, Agent]) -> None:
@@ -314,13 +324,18 @@ def test_two_faulty_nodes_exactly_one_cordoned_the_breaker_names_the_other(
     wait(lambda: held in (agents[other].metrics() or ""), timeout=15)
     time.sleep(3)
     assert cluster.cordoned() == cordoned
-    assert [e["reason"] for e in cluster.events(other)] == ["GPUUnhealthyBreakerHeld"]
-    assert "circuit breaker" in cluster.events(other)[0]["message"]
+    held_back = cluster.held_back()
+    assert list(held_back) == [other] and held_back[other]["why"].startswith("circuit breaker: 1 of 3")
+    assert held_back[other]["by"] == "gpu-health-agent"
     assert 'gpu_health_agent_breaker_held_back{node="gpu-node-1",why=""} 0' in (
         agents["gpu-node-1"].metrics() or ""
     )
     lease = cluster.admin.ok("GET", cluster.lease_path)
     assert not lease["spec"].get("holderIdentity"), "an agent kept the breaker Lease"
+    # healthy again: the held-back node takes its name off the Lease (and nothing is uncordoned)
+    agents[other].fault("reset")
+    wait(lambda: cluster.held_back() == {}, timeout=15)
+    assert cluster.cordoned() == cordoned
 
 
 def test_agent_token_rbac_on_the_api(cluster: Cluster) -> None:
@@ -344,8 +359,7 @@ def test_agent_token_rbac_on_the_api(cluster: Cluster) -> None:
         "reason": "Test",
         "message": "m",
     }
-    assert sa.request("POST", "/api/v1/namespaces/default/events", event)[0] == 201
-    # and nothing else
+    # and nothing else: no events either
     other_lease = {
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
@@ -366,6 +380,7 @@ def test_agent_token_rbac_on_the_api(cluster: Cluster) -> None:
         ("DELETE", cluster.lease_path, None),
         ("GET", "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/gpu-node-1", None),
         ("POST", f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases", other_lease),
+        ("POST", "/api/v1/namespaces/default/events", event),
         ("POST", "/api/v1/namespaces/kube-system/events", event),
         ("GET", "/api/v1/namespaces/default/events", None),
         ("PATCH", "/api/v1/nodes/gpu-node-3/status", {"status": {}}),
@@ -388,9 +403,6 @@ def test_rendered_rbac_is_least_privilege() -> None:
         ("ClusterRole", "gpu-health-agent", None): [
             {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]}
         ],
-        ("Role", "gpu-health-agent-events", "default"): [
-            {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}
-        ],
         ("Role", "gpu-health-agent-lease", "gpu-health"): [
             {
                 "apiGroups": ["coordination.k8s.io"],
@@ -401,7 +413,7 @@ def test_rendered_rbac_is_least_privilege() -> None:
         ],
     }
     bindings = [d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")]
-    assert len(bindings) == 3
+    assert len(bindings) == 2
     for binding in bindings:
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": "gpu-health-agent", "namespace": "gpu-health"}
@@ -532,7 +544,8 @@ def test_nvml_events_wake_the_agent_where_supported(pcie_node: Any) -> None:
 
 
 def test_breaker_lease_waits_for_a_live_holder_and_takes_an_expired_one(cluster: Cluster) -> None:
-    from ansible.module_utils.gpu_health_agent import BreakerLease, KubeApi, micro_time, now_utc
+    from ansible.module_utils.gpu_breaker import micro_time
+    from ansible.module_utils.gpu_health_agent import BreakerLease, KubeApi, now_utc
 
     api = KubeApi(cluster.api.url, str(cluster.pki.ca), str(cluster.token_file))
     lease_name = role_vars()["__gpu_health_agent_lease"]

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -75,7 +76,20 @@ class Site:
         subprocess.run([sys.executable, str(ctl), *args], env=env, check=True, capture_output=True)
 
     def play(self, playbook: str, *args: str) -> subprocess.CompletedProcess[str]:
-        cmd = [
+        return subprocess.run(
+            self.command(playbook, *args),
+            cwd=ROOT,
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"}
+
+    def command(self, playbook: str, *args: str) -> list[str]:
+        return [
             str(ROOT / ".venv" / "bin" / "ansible-playbook"),
             "-i",
             str(self.inventory),
@@ -86,8 +100,6 @@ class Site:
             f"kubernetes_api_client_python={sys.executable}",
             *args,
         ]
-        env = {**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"}
-        return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -142,6 +154,49 @@ def test_ecc_cordon_breaker_fails_naming_the_node_left_alone(fresh: Site) -> Non
     assert run.returncode != 0
     assert "CIRCUIT BREAKER: unhealthy GPU node(s) NOT cordoned: gpu-node-3 (circuit breaker" in run.stdout
     assert fresh.cluster.cordoned() == ["gpu-node-2"]
+    # named on the breaker Lease the agents share, and the Lease given back
+    held_back = fresh.cluster.held_back()
+    assert list(held_back) == ["gpu-node-3"] and held_back["gpu-node-3"]["by"] == "ecc-cordon.yml"
+    assert not fresh.cluster.admin.ok("GET", fresh.cluster.lease_path)["spec"].get("holderIdentity")
+
+
+def test_ecc_cordon_waits_for_an_agent_holding_the_breaker_lease(fresh: Site) -> None:
+    """The playbook decides under the agents' Lease: while an agent holds it, it waits, then sees the
+    agent's cordon and holds its own node back instead of cordoning a second one."""
+    import datetime as dt
+
+    from ansible.module_utils.gpu_breaker import micro_time
+
+    admin, path = fresh.cluster.admin, fresh.cluster.lease_path
+    lease = admin.ok("GET", path)
+    fresh.fault("gpu-node-2", "ecc", "--gpu", "1", "--uncorrectable", "1")
+    lease["spec"].update(
+        holderIdentity="gpu-node-3", leaseDurationSeconds=60, renewTime=micro_time(dt.datetime.now(dt.UTC))
+    )
+    admin.ok("PUT", path, lease)
+    proc = subprocess.Popen(
+        fresh.command("ecc-cordon.yml"), cwd=ROOT, env=fresh.env(), stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("TASK [Take the breaker Lease]"):
+            break
+    # while the playbook waits, the agent holding the Lease cordons its node and gives the Lease back
+    time.sleep(3)
+    admin.ok(
+        "PATCH", "/api/v1/nodes/gpu-node-3", {"spec": {"unschedulable": True}}, "application/merge-patch+json"
+    )
+    lease = admin.ok("GET", path)
+    lease["spec"]["holderIdentity"] = None
+    admin.ok("PUT", path, lease)
+    out, _ = proc.communicate(timeout=300)
+    run = subprocess.CompletedProcess(proc.args, proc.returncode, "".join(lines) + out, "")
+    assert run.returncode != 0, run.stdout
+    assert "NOT cordoned: gpu-node-2 (circuit breaker: 1 of 3" in run.stdout
+    assert fresh.cluster.cordoned() == ["gpu-node-3"]
+    assert not admin.ok("GET", path)["spec"].get("holderIdentity")
 
 
 def test_uncordon_refuses_while_faulty_then_succeeds_and_force_is_recorded(fresh: Site) -> None:
