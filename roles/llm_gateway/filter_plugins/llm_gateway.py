@@ -21,7 +21,9 @@ except ImportError:  # imported by the unit tests without Ansible's plugin loade
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
-def parse_rollout_state(text: str | None, where: str = "ConfigMap llm-rollout, key state.json") -> dict[str, Any]:
+def parse_rollout_state(
+    text: str | None, where: str = "ConfigMap llm-rollout, key state.json"
+) -> dict[str, Any]:
     """The canary per served model name; absent or empty = no canaries. Errors name the key."""
     if text is None or not str(text).strip():
         return {}
@@ -40,9 +42,13 @@ def parse_rollout_state(text: str | None, where: str = "ConfigMap llm-rollout, k
             raise AnsibleFilterError(f"{where}: [{model!r}].canary must be an object {{name, weight}}")
         name, weight = canary.get("name"), canary.get("weight")
         if not isinstance(name, str) or not DNS_LABEL.match(name):
-            raise AnsibleFilterError(f"{where}: [{model!r}].canary.name must be a vLLM Service name, got {name!r}")
+            raise AnsibleFilterError(
+                f"{where}: [{model!r}].canary.name must be a vLLM Service name, got {name!r}"
+            )
         if isinstance(weight, bool) or not isinstance(weight, int) or not 0 <= weight <= 100:
-            raise AnsibleFilterError(f"{where}: [{model!r}].canary.weight must be an integer 0-100, got {weight!r}")
+            raise AnsibleFilterError(
+                f"{where}: [{model!r}].canary.weight must be an integer 0-100, got {weight!r}"
+            )
         canaries[model] = {"name": name, "weight": weight}
     return canaries
 

@@ -1,0 +1,367 @@
+"""The llm_gateway and serving_network_policy roles' objects, rendered through the roles' own task files
+(tasks/render.yml, templates/policies.yml.j2) by ansible-playbook: every object validates against the
+Kubernetes 1.36 schemas (kubernetes-validate, strict); the policies hold (non-root, probes, resources
+requests == limits, image by digest, NodePort 30001, PDB, a config change rolls the pods); the rendered
+gateway configuration is one the gateway itself accepts (llm_gateway.config.parse_config) with the canary
+weights of the rollout ConfigMap; the network policies allow exactly the paths the stage promises; bad input
+is refused naming the variable, and the JWT secret never appears in the output."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import importlib.util
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S_VERSION = "1.36.0"
+DIGEST = "sha256:" + "cd" * 32
+SECRET = "unit-test-jwt-secret-0123456789abcdef"
+MODELS = [
+    {"name": "qwen2-7b", "served_model_name": "qwen2-7b", "replicas": 2},
+    {"name": "qwen2-7b-v2", "served_model_name": "qwen2-7b", "replicas": 1},
+    {"name": "embed", "replicas": 1},
+]
+CANARY = json.dumps({"qwen2-7b": {"canary": {"name": "qwen2-7b-v2", "weight": 10}}})
+EXTRA_EGRESS = [
+    {"name": "redis", "namespace": "cache", "pod_labels": {"app": "redis"}, "ports": [6379]},
+    {"name": "minio", "cidr": "10.20.0.10/32", "ports": [9000]},
+]
+
+
+def playbook(tmp_path: Path, variables: dict[str, Any], tasks: list[dict[str, Any]], *args: str) -> Any:
+    play = [{"hosts": "localhost", "gather_facts": False, "vars": variables, "tasks": tasks}]
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
+    return subprocess.run(
+        [
+            str(ROOT / ".venv" / "bin" / "ansible-playbook"),
+            "-i",
+            "localhost,",
+            "-c",
+            "local",
+            "-e",
+            f"ansible_python_interpreter={ROOT / '.venv' / 'bin' / 'python'}",
+            *args,
+            str(tmp_path / "play.yml"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+        env={"ANSIBLE_ROLES_PATH": str(ROOT / "roles"), "PATH": "/usr/bin:/bin", "ANSIBLE_NOCOLOR": "1"},
+        timeout=180,
+    )
+
+
+def good_vars(**overrides: Any) -> dict[str, Any]:
+    return {
+        "llm_gateway_image_digest": DIGEST,
+        "llm_gateway_jwt_secret": SECRET,
+        "llm_gateway_models": MODELS,
+        "serving_network_policy_vllm_extra_egress": EXTRA_EGRESS,
+        **overrides,
+    }
+
+
+def render(tmp_path: Path, rollout_state: str) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
+    out = tmp_path / "out.json"
+    tasks = [
+        {"ansible.builtin.include_role": {"name": "llm_gateway", "tasks_from": "validate", "public": True}},
+        {
+            "ansible.builtin.include_role": {
+                "name": "serving_network_policy",
+                "tasks_from": "validate",
+                "public": True,
+            }
+        },
+        {"ansible.builtin.include_role": {"name": "llm_gateway", "tasks_from": "render", "public": True}},
+        {
+            "name": "Write what was rendered",
+            "ansible.builtin.copy": {
+                "dest": str(out),
+                "mode": "0600",
+                "content": "{{ {'config': _llm_gateway_config_text, 'objects': _llm_gateway_objects,"
+                " 'secret': lookup('ansible.builtin.template',"
+                f" '{ROOT}/roles/llm_gateway/templates/secret.yml.j2') | from_yaml,"
+                " 'policies': lookup('ansible.builtin.template',"
+                f" '{ROOT}/roles/serving_network_policy/templates/policies.yml.j2') | from_yaml_all | list"
+                " } | to_json }}",
+            },
+        },
+    ]
+    result = playbook(tmp_path, good_vars(_llm_gateway_rollout_state=rollout_state), tasks, "-v")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    return json.loads(out.read_text()), result
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    with_canary, run = render(tmp_path_factory.mktemp("canary"), CANARY)
+    without, _ = render(tmp_path_factory.mktemp("plain"), "")
+    return {"canary": with_canary, "plain": without, "run": run}
+
+
+def objects(rendered: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    data = rendered["canary"]
+    every = [*data["objects"], data["secret"], *data["policies"]]
+    return {f"{o['kind']}/{o['metadata']['name']}": o for o in every}
+
+
+def deployment(data: dict[str, Any]) -> dict[str, Any]:
+    return next(o for o in data["objects"] if o["kind"] == "Deployment")
+
+
+def test_every_object_validates_against_the_1_36_schemas(rendered: dict[str, Any]) -> None:
+    found = objects(rendered)
+    assert set(found) >= {
+        "ConfigMap/llm-gateway-config",
+        "Service/llm-gateway",
+        "PodDisruptionBudget/llm-gateway",
+        "Deployment/llm-gateway",
+        "Secret/llm-gateway-jwt",
+        "NetworkPolicy/default-deny",
+        "NetworkPolicy/vllm",
+        "NetworkPolicy/llm-gateway",
+        "NetworkPolicy/vllm-egress-redis",
+        "NetworkPolicy/vllm-egress-minio",
+    }
+    for name, obj in found.items():
+        try:
+            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:  # pragma: no cover - the message is the point
+            pytest.fail(f"{name}: {exc}")
+
+
+def test_strict_validation_catches_a_misspelt_field(rendered: dict[str, Any]) -> None:
+    broken = json.loads(json.dumps(deployment(rendered["canary"])))
+    broken["spec"]["template"]["spec"]["containers"][0]["readinessprobe"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, K8S_VERSION, strict=True)
+
+
+def test_pod_runs_non_root_read_only_with_guaranteed_resources(rendered: dict[str, Any]) -> None:
+    pod = deployment(rendered["canary"])["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 10001
+    assert pod["automountServiceAccountToken"] is False
+    container = pod["containers"][0]
+    security = container["securityContext"]
+    assert security["allowPrivilegeEscalation"] is False and security["readOnlyRootFilesystem"] is True
+    assert security["capabilities"]["drop"] == ["ALL"]
+    assert (
+        container["resources"]["requests"]
+        == container["resources"]["limits"]
+        == {"cpu": "4", "memory": "4Gi"}
+    )
+
+
+def test_probes_image_and_ports(rendered: dict[str, Any]) -> None:
+    container = deployment(rendered["canary"])["spec"]["template"]["spec"]["containers"][0]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
+    assert container["image"] == f"localhost/llm-gateway:0.1.0@{DIGEST}"
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"http": 8000, "metrics": 9000}
+    env = {e["name"]: e for e in container["env"]}
+    assert env["GATEWAY_JWT_SECRET"]["valueFrom"]["secretKeyRef"] == {
+        "name": "llm-gateway-jwt",
+        "key": "jwt-secret",
+    }
+    assert "value" not in env["GATEWAY_JWT_SECRET"]
+
+
+def test_nodeport_pdb_and_scrape_annotations(rendered: dict[str, Any]) -> None:
+    found = objects(rendered)
+    service = found["Service/llm-gateway"]["spec"]
+    assert service["type"] == "NodePort" and service["ports"][0]["nodePort"] == 30001
+    assert found["PodDisruptionBudget/llm-gateway"]["spec"]["minAvailable"] == 1
+    template = deployment(rendered["canary"])["spec"]["template"]
+    assert template["metadata"]["annotations"]["prometheus.io/port"] == "9000"
+    assert template["metadata"]["labels"]["app.kubernetes.io/name"] == "llm-gateway"
+
+
+def test_the_config_checksum_rolls_the_pods_when_the_config_changes(rendered: dict[str, Any]) -> None:
+    for variant in ("canary", "plain"):
+        data = rendered[variant]
+        configmap = next(o for o in data["objects"] if o["kind"] == "ConfigMap")
+        annotation = deployment(data)["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+        assert annotation == hashlib.sha256(configmap["data"]["gateway.yaml"].encode()).hexdigest()
+    first, second = (
+        deployment(rendered[v])["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+        for v in ("canary", "plain")
+    )
+    assert first != second
+
+
+def test_the_gateway_accepts_the_rendered_config_with_the_canary_weights(
+    rendered: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from llm_gateway.config import parse_config
+
+    monkeypatch.setenv("GATEWAY_JWT_SECRET", SECRET)  # what the pod gets from the Secret
+
+    config = parse_config(yaml.safe_load(rendered["canary"]["config"]))
+    upstreams = {u.name: (u.weight, u.url, u.served_model) for u in config.models["qwen2-7b"].upstreams}
+    assert upstreams == {
+        "qwen2-7b": (90, "http://qwen2-7b.serving.svc:8000", "qwen2-7b"),
+        "qwen2-7b-v2": (10, "http://qwen2-7b-v2.serving.svc:8000", "qwen2-7b"),
+    }
+    assert [(u.name, u.weight) for u in config.models["embed"].upstreams] == [("embed", 100)]
+    assert config.auth.hs256_secret_env == "GATEWAY_JWT_SECRET" and config.internal.host == "0.0.0.0"
+    plain = parse_config(yaml.safe_load(rendered["plain"]["config"]))
+    # without a canary both entries serving qwen2-7b share the traffic
+    assert sorted(u.weight for u in plain.models["qwen2-7b"].upstreams) == [50, 50]
+
+
+def test_the_secret_is_in_the_secret_and_never_in_the_output(rendered: dict[str, Any]) -> None:
+    secret = objects(rendered)["Secret/llm-gateway-jwt"]
+    assert base64.b64decode(secret["data"]["jwt-secret"]).decode() == SECRET
+    run = rendered["run"]
+    assert SECRET not in run.stdout + run.stderr
+    assert SECRET not in rendered["canary"]["config"]
+
+
+def load_filter() -> Any:
+    spec = importlib.util.spec_from_file_location(
+        "gw_filter", ROOT / "roles/llm_gateway/filter_plugins/llm_gateway.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("state", "says"),
+    [
+        ("{not json", "not JSON"),
+        (
+            '{"qwen2-7b": {"canary": {"name": "qwen2-7b-v2", "weight": 101}}}',
+            "weight must be an integer 0-100",
+        ),
+        ('{"qwen2-7b": {"canary": {"name": "Bad_Name", "weight": 5}}}', "canary.name"),
+        ('{"other": {"canary": {"name": "qwen2-7b-v2", "weight": 5}}}', "a canary for other"),
+    ],
+)
+def test_a_bad_rollout_state_names_the_key(state: str, says: str) -> None:
+    module = load_filter()
+    with pytest.raises(Exception, match=r"state\.json") as info:
+        module.gateway_models(MODELS, "serving", state)
+    assert says in str(info.value)
+
+
+def test_promote_and_a_canary_outside_the_model_list() -> None:
+    module = load_filter()
+    full = module.gateway_models(
+        MODELS[:1], "serving", '{"qwen2-7b": {"canary": {"name": "qwen2-7b-v3", "weight": 100}}}'
+    )
+    assert [(u["name"], u["weight"]) for u in full["qwen2-7b"]["upstreams"]] == [
+        ("qwen2-7b", 0),
+        ("qwen2-7b-v3", 100),
+    ]
+    assert full["qwen2-7b"]["upstreams"][1]["url"] == "http://qwen2-7b-v3.serving.svc:8000"
+
+
+def policy(rendered: dict[str, Any], name: str) -> dict[str, Any]:
+    return objects(rendered)[f"NetworkPolicy/{name}"]["spec"]
+
+
+def test_default_deny_selects_every_pod_both_ways(rendered: dict[str, Any]) -> None:
+    spec = policy(rendered, "default-deny")
+    assert spec == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}
+
+
+def test_vllm_accepts_only_the_gateway_and_prometheus_and_reaches_only_dns(rendered: dict[str, Any]) -> None:
+    spec = policy(rendered, "vllm")
+    assert spec["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "vllm"}}
+    (ingress,) = spec["ingress"]
+    assert ingress["ports"] == [{"protocol": "TCP", "port": "http"}]
+    assert ingress["from"] == [
+        {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "llm-gateway"}}},
+        {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+        },
+    ]
+    (egress,) = spec["egress"]
+    assert egress["to"] == [
+        {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+            "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+        }
+    ]
+    assert {p["port"] for p in egress["ports"]} == {53}
+
+
+def test_the_extra_egress_targets(rendered: dict[str, Any]) -> None:
+    redis = policy(rendered, "vllm-egress-redis")
+    assert redis["policyTypes"] == ["Egress"] and "ingress" not in redis
+    assert redis["egress"][0]["to"][0]["podSelector"] == {"matchLabels": {"app": "redis"}}
+    assert redis["egress"][0]["ports"] == [{"protocol": "TCP", "port": 6379}]
+    minio = policy(rendered, "vllm-egress-minio")
+    assert minio["egress"][0]["to"] == [{"ipBlock": {"cidr": "10.20.0.10/32"}}]
+
+
+def test_gateway_open_on_its_port_and_reaching_only_vllm_and_dns(rendered: dict[str, Any]) -> None:
+    spec = policy(rendered, "llm-gateway")
+    public, metrics = spec["ingress"]
+    assert "from" not in public and public["ports"] == [{"protocol": "TCP", "port": "http"}]
+    assert metrics["ports"] == [{"protocol": "TCP", "port": "metrics"}]
+    assert metrics["from"][0]["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}
+    to_vllm, dns = spec["egress"]
+    assert to_vllm == {
+        "to": [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "vllm"}}}],
+        "ports": [{"protocol": "TCP", "port": "http"}],
+    }
+    assert dns["to"][0]["podSelector"] == {"matchLabels": {"k8s-app": "kube-dns"}}
+
+
+def validate(tmp_path: Path, **variables: Any) -> subprocess.CompletedProcess[str]:
+    tasks = [
+        {"ansible.builtin.include_role": {"name": "llm_gateway", "tasks_from": "validate"}},
+        {"ansible.builtin.include_role": {"name": "serving_network_policy", "tasks_from": "validate"}},
+    ]
+    return playbook(tmp_path, good_vars(**variables), tasks)
+
+
+@pytest.mark.parametrize(
+    ("variables", "says"),
+    [
+        ({"llm_gateway_image_digest": ""}, "llm_gateway_image_digest must be the digest"),
+        ({"llm_gateway_image_digest": "sha256:abc"}, "llm_gateway_image_digest must be the digest"),
+        ({"llm_gateway_jwt_secret": "short-secret"}, "llm_gateway_jwt_secret must be a string of at least"),
+        ({"llm_gateway_node_port": 8080}, "llm_gateway_node_port must be in Kubernetes' NodePort range"),
+        ({"llm_gateway_pdb_min_available": 2}, "llm_gateway_pdb_min_available (2) below it"),
+        ({"llm_gateway_settings": {"auth": {"mode": "none"}}}, "llm_gateway_settings may carry only"),
+        ({"llm_gateway_memory": "4 GB"}, "llm_gateway_memory a memory quantity"),
+        ({"llm_gateway_models": []}, "llm_gateway_models (the serving stage passes vllm_serving_models)"),
+        (
+            {"serving_network_policy_vllm_extra_egress": [{"name": "redis", "ports": [6379]}]},
+            "serving_network_policy_vllm_extra_egress[0]",
+        ),
+        (
+            {"serving_network_policy_vllm_extra_egress": [{"name": "x", "cidr": "10.0.0.1/8", "ports": [0]}]},
+            "serving_network_policy_vllm_extra_egress[0]",
+        ),
+    ],
+    ids=["no-digest", "short-digest", "short-secret", "nodeport", "pdb", "settings", "memory", "no-models",
+         "egress-no-target", "egress-port"],
+)  # fmt: skip
+def test_bad_input_is_refused_naming_the_variable(
+    tmp_path: Path, variables: dict[str, Any], says: str
+) -> None:
+    result = validate(tmp_path, **variables)
+    assert result.returncode != 0
+    out = " ".join(result.stdout.split())
+    assert says in out, out[-2000:]
+    assert "short-secret" not in result.stdout + result.stderr
+
+
+def test_good_input_passes_validation(tmp_path: Path) -> None:
+    result = validate(tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:]
