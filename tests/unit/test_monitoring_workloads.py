@@ -11,6 +11,10 @@ from __future__ import annotations
 import base64
 import json
 import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
@@ -273,3 +277,54 @@ def test_the_templates_use_the_roles_variables_only() -> None:
     """StrictUndefined rendering with the defaults alone (no site values) still renders: nothing undefined."""
     for template in ("prometheus-workload.yml.j2", "grafana-workload.yml.j2", "network-policy.yml.j2"):
         assert render(template, monitoring_alert_webhook_url="https://a.example.org/x")
+
+
+def test_the_tests_renderer_matches_ansibles(tmp_path: Path) -> None:
+    """The objects above are what Ansible itself renders from the role (a copy of it with one extra task that
+    writes each template's lookup to a file), so the policies hold for what the role applies."""
+    templates = [
+        "configmaps.yml.j2",
+        "secrets.yml.j2",
+        "prometheus-workload.yml.j2",
+        "alertmanager-workload.yml.j2",
+        "grafana-workload.yml.j2",
+        "network-policy.yml.j2",
+    ]
+    role = tmp_path / "roles" / "monitoring"
+    shutil.copytree(ROOT / "roles" / "monitoring", role)
+    task = {
+        "name": "Render",
+        "ansible.builtin.copy": {
+            "dest": f"{tmp_path}/{{{{ item }}}}.out",
+            "content": "{{ lookup('ansible.builtin.template', item) }}",
+            "mode": "0644",
+        },
+        "loop": templates,
+    }
+    (role / "tasks" / "render.yml").write_text(yaml.safe_dump([task]))
+    play = [
+        {
+            "hosts": "localhost",
+            "gather_facts": False,
+            "vars": SITE,
+            "tasks": [{"ansible.builtin.include_role": {"name": "monitoring", "tasks_from": "render"}}],
+        }
+    ]
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
+    result = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "ansible-playbook"), "-i", "localhost,", "-c", "local", "play.yml"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=tmp_path,
+        env={
+            "ANSIBLE_ROLES_PATH": str(tmp_path / "roles"),
+            "PATH": "/usr/bin:/bin",
+            "ANSIBLE_NOCOLOR": "1",
+            "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
+        },
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    for template in templates:
+        rendered = [d for d in yaml.safe_load_all((tmp_path / f"{template}.out").read_text()) if d]
+        assert rendered == render_objects(template), template
