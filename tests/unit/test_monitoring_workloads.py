@@ -217,6 +217,12 @@ def test_dcgm_exporter_on_gpu_nodes_only_with_the_roles_counters(objects: list[d
     spec = daemonset["spec"]["template"]["spec"]
     assert spec["nodeSelector"] == plugin["nvidia_device_plugin_node_label"]
     assert spec["runtimeClassName"] == plugin["nvidia_device_plugin_runtime_class"]
+    # still on a GPU node tainted for GPU work or a control plane that keeps its taint
+    tolerated = {(t["key"], t["effect"]) for t in spec["tolerations"] if t["operator"] == "Exists"}
+    assert tolerated == {
+        ("nvidia.com/gpu", "NoSchedule"),
+        ("node-role.kubernetes.io/control-plane", "NoSchedule"),
+    }
     container = spec["containers"][0]
     env = {e["name"]: e.get("value") for e in container["env"]}
     mount = next(m for m in container["volumeMounts"] if m["name"] == "counters")

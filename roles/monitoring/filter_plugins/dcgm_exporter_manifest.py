@@ -10,6 +10,12 @@ from typing import Any
 
 COUNTERS_DIR = "/etc/dcgm-exporter/llm-serving"
 PORT = 9400
+# a GPU node stays watched when it is tainted for GPU work only (as the device plugin tolerates) or is the
+# control plane with its NoSchedule taint kept (kubeadm_control_plane_keep_taint)
+TOLERATIONS = [
+    {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+    {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"},
+]
 
 
 class ManifestError(Exception):
@@ -48,6 +54,10 @@ def dcgm_exporter_manifest(
     pod = template["spec"]
     pod["runtimeClassName"] = runtime_class
     pod["nodeSelector"] = {**(pod.get("nodeSelector") or {}), **node_selector}
+    pod["tolerations"] = [
+        *(pod.get("tolerations") or []),
+        *(t for t in TOLERATIONS if t not in (pod.get("tolerations") or [])),
+    ]
     containers = [c for c in pod["containers"] if c["name"] == "dcgm-exporter"]
     if len(containers) != 1:
         raise ManifestError("the dcgm-exporter DaemonSet must hold one container named dcgm-exporter")
