@@ -156,7 +156,7 @@ def test_resync_models_reuses_the_model_stage() -> None:
     assert play["roles"] == [{"role": "model_sync"}]
     included = [t for t in tasks(play) if module_of(t) == "ansible.builtin.include_role"]
     assert [i["ansible.builtin.include_role"] for i in included] == [
-        {"name": "model_sync", "tasks_from": "validate"}
+        {"name": "model_sync", "tasks_from": "validate", "public": True}
     ]
     text = (REMEDIATE / "resync-models.yml").read_text()
     assert "rsync -" not in text and "'rsync'" not in text, "the push is the role's, not a copy"
