@@ -108,6 +108,24 @@ def test_reads_run_in_check_mode(name: str) -> None:
             assert task.get("check_mode") is False, f"{name}: '{task['name']}' reads: check_mode: false"
 
 
+@pytest.mark.parametrize("name", PLAYBOOKS)
+def test_api_client_settings_from_the_role_not_vars_files(name: str) -> None:
+    """vars_files outrank group_vars: the API client's venv (and any role value) comes through include_role
+    public, so an inventory's value wins as it does for the roles."""
+    for play in load(name):
+        assert "vars_files" not in play, f"{name}: {play['name']} uses vars_files"
+        if "kubernetes_api_client_python" in str(play):
+            loads = [
+                t["ansible.builtin.include_role"]
+                for t in tasks(play)
+                if module_of(t) == "ansible.builtin.include_role"
+                and t["ansible.builtin.include_role"]["name"] == "kubernetes_api_client"
+            ]
+            assert loads == [{"name": "kubernetes_api_client", "tasks_from": "validate", "public": True}], (
+                name
+            )
+
+
 def test_driver_mismatch_reuses_the_driver_role_one_node_at_a_time() -> None:
     (play, _summary) = load("driver-mismatch.yml")
     assert play["serial"] == 1 and play["max_fail_percentage"] == 0
@@ -116,7 +134,8 @@ def test_driver_mismatch_reuses_the_driver_role_one_node_at_a_time() -> None:
         for t in tasks(play)
         if module_of(t) == "ansible.builtin.include_role"
     ]
-    assert all(i["name"] == "nvidia_driver" for i in included)
+    assert {i["name"] for i in included} == {"nvidia_driver", "kubernetes_api_client"}
+    included = [i for i in included if i["name"] == "nvidia_driver"]
     files = {i["tasks_from"] for i in included}
     assert {
         "validate",
@@ -160,7 +179,9 @@ def test_resync_models_reuses_the_model_stage() -> None:
     ]
     text = (REMEDIATE / "resync-models.yml").read_text()
     assert "rsync -" not in text and "'rsync'" not in text, "the push is the role's, not a copy"
-    assert "../../roles/model_sync/vars/main.yml" in play["vars_files"]  # paths from their one home
+    assert (
+        "vars_files" not in play
+    )  # vars_files would outrank the inventory; role vars come with include_role
     moves = [t for t in tasks(play) if module_of(t) == "ansible.builtin.command"]
     assert all(t["ansible.builtin.command"]["argv"][0] == "mv" for t in moves), "moves aside, never deletes"
 

@@ -31,7 +31,9 @@ import fcntl
 import hashlib
 import json
 import os
+import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import uuid
@@ -346,6 +348,7 @@ def cmd_reset(args: argparse.Namespace) -> str:
     path = state_path()
     with locked(path) as state:
         kernel = library_version() or state.get("kernel_module_version", DEFAULT_DRIVER_VERSION)
+        _stop_all_holders(state)  # a reboot ends every process
         fresh = build_state(state["shape"], state["host"], kernel)
         state.clear()
         state.update(fresh)
@@ -554,19 +557,77 @@ def cmd_kernel_version(args: argparse.Namespace) -> str:
     return _mutate(change)
 
 
+HOLDER_DIR = "/run/fake-nvml/holders"  # tmpfs: gone at reboot, like the processes
+
+
+def _spawn_holder(index: int, name: str) -> int:
+    """A process that keeps /dev/nvidia<index> open, as a CUDA process holds its GPU's device node, so
+    gpu_facts' device_processes (read from /proc/PID/fd) sees it. Its comm is `name` (exec'd through a
+    symlink of that name to sleep). The device node is an empty file where the lab has none."""
+    device = f"/dev/nvidia{index}"
+    if not os.path.exists(device):
+        with open(device, "a", encoding="utf-8"):
+            pass
+    os.makedirs(HOLDER_DIR, exist_ok=True)
+    program = os.path.join(HOLDER_DIR, name[:15])
+    if not os.path.islink(program):
+        os.symlink("/bin/sleep", program)
+    with open(device, encoding="utf-8") as held:
+        proc = subprocess.Popen(
+            [program, "infinity"],
+            stdin=held,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    return proc.pid
+
+
+def _stop_holder(proc: dict[str, Any]) -> None:
+    if not proc.get("holder"):
+        return
+    pid = int(proc["pid"])
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8") as f:
+            comm = f.read().strip()
+    except OSError:
+        return  # already gone
+    if comm == str(proc.get("name", ""))[:15]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+
+
+def _stop_all_holders(state: dict[str, Any]) -> None:
+    for gpu in state.get("gpus", []):
+        for proc in gpu.get("processes", []):
+            _stop_holder(proc)
+
+
 def cmd_process(args: argparse.Namespace) -> str:
     def change(state: dict[str, Any]) -> str:
-        procs = gpu_by_slot(state, args.gpu)["processes"]
+        gpu = gpu_by_slot(state, args.gpu)
+        procs = gpu["processes"]
         if args.add:
+            if args.hold:
+                if args.pid is not None:
+                    raise CtlError("--hold starts its own process: leave out --pid")
+                args.pid = _spawn_holder(args.gpu, args.name)
             if args.pid is None:
-                raise CtlError("--add needs --pid")
+                raise CtlError("--add needs --pid (or --hold)")
             if args.pid <= 0:
                 raise CtlError("--pid must be a positive process id")
             procs[:] = [p for p in procs if p["pid"] != args.pid]
-            procs.append({"pid": args.pid, "name": args.name, "used_memory": args.used_mib * MIB})
-            return f"GPU {args.gpu}: process {args.pid} ({args.name}) using {args.used_mib} MiB"
+            entry = {"pid": args.pid, "name": args.name, "used_memory": args.used_mib * MIB}
+            if args.hold:
+                entry["holder"] = True
+            procs.append(entry)
+            held = f", holding /dev/nvidia{args.gpu} open" if args.hold else ""
+            return f"GPU {args.gpu}: process {args.pid} ({args.name}) using {args.used_mib} MiB{held}"
         before = len(procs)
-        procs[:] = [] if args.pid is None else [p for p in procs if p["pid"] != args.pid]
+        gone = [p for p in procs if args.pid is None or p["pid"] == args.pid]
+        for proc in gone:
+            _stop_holder(proc)
+        procs[:] = [p for p in procs if p not in gone]
         return f"GPU {args.gpu}: cleared {before - len(procs)} process(es)"
 
     return _mutate(change)
@@ -668,6 +729,12 @@ def build_parser() -> argparse.ArgumentParser:
     action.add_argument("--add", action="store_true")
     action.add_argument("--clear", action="store_true", help="remove --pid, or every process without it")
     p.add_argument("--name", default="python3", help="process name (with --add)")
+    p.add_argument(
+        "--hold",
+        action="store_true",
+        help="with --add: start a real process (comm --name) holding /dev/nvidia<GPU> open, as gpu_facts'"
+        " device_processes and the driver role's workload check see a CUDA process; --clear/reset stop it",
+    )
     p.add_argument("--used-mib", type=_non_negative, default=1024, help="GPU memory it uses (with --add)")
     p.set_defaults(func=cmd_process)
     return parser

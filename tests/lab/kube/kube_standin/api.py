@@ -959,10 +959,14 @@ class Api:
             raise ApiError.bad_request(
                 f'container "{container}" in pod "{name}" is waiting to start: ContainerCreating'
             )
-        image = next(c.get("image") for c in pod["spec"]["containers"] if c.get("name") == container)
+        spec = next(c for c in pod["spec"]["containers"] if c.get("name") == container)
+        image = spec.get("image")
         started = pod.get("status", {}).get("startTime", pod["metadata"]["creationTimestamp"])
+        # as a server that logs its command line at start (vLLM prints its arguments), secrets included
+        argv = " ".join(str(a) for a in [*(spec.get("command") or []), *(spec.get("args") or [])])
         lines = [
             f"{started} lab stand-in: container {container} ({image}) started on node {node}",
+            *([f"{started} lab stand-in: command line: {argv}"] if argv else []),
             f"{started} lab stand-in: no real process runs in this container (see docs/lab.md)",
             f"{started} lab stand-in: ready",
         ]

@@ -7,8 +7,9 @@ The kubelet stand-in reads the faults file (/run/kube-standin/faults.json) on ev
   not-ready                  the kubelet reports Ready=False (KubeletNotReady: CNI not initialised)
   stop-heartbeat             the kubelet stops posting node status and renewing its Lease (a hung kubelet;
                              the Node turns Unknown only if the API server's node lifecycle controller runs)
-  device-plugin-unregistered the device plugin never registers: nvidia.com/gpu allocatable stays 0/absent
-                             even while the plugin Pod runs Ready
+  device-plugin-unregistered the device plugin Pods running now lose their registration: nvidia.com/gpu
+                             allocatable 0 while they keep running Ready; a new plugin Pod (delete the
+                             old one, its DaemonSet makes another) registers again
   crashloop --pod NAME | --selector K=V [--namespace NS]
                              matching Pods crash-loop (CrashLoopBackOff, restartCount grows, not Ready)
   clear [FAULT]              remove one fault (not-ready, stop-heartbeat, device-plugin-unregistered,

@@ -164,6 +164,8 @@ class Kubelet:
         self.started = now()
         self.runtime = runtime_version()
         self.gpu_registered = False
+        # device-plugin-unregistered: uids of the plugin Pods that lost their registration (None: no fault)
+        self.plugin_lost_uids: set[str] | None = None
         self.pod_state: dict[str, dict[str, Any]] = {}  # uid -> container ids, restarts, backoff
         self.last_status = 0.0
         self.last_ready: bool | None = None
@@ -204,10 +206,20 @@ class Kubelet:
             self.client.merge_patch(f"/api/v1/nodes/{self.node_name}", {"metadata": {"labels": self.labels}})
 
     def gpu_resources(self, pods: list[dict[str, Any]], faults: dict[str, Any]) -> dict[str, str] | None:
+        plugins = [pod for pod in pods if image_matches(pod, DEVICE_PLUGIN_IMAGE)]
+        # As a real plugin whose registration with the kubelet was lost (its socket gone after a kubelet
+        # restart, say): the plugin Pods running when the fault came keep running and offer nothing; a new
+        # plugin Pod (the DaemonSet's replacement of a deleted one) registers again.
+        if faults.get("device_plugin_unregistered"):
+            if self.plugin_lost_uids is None:
+                self.plugin_lost_uids = {str(pod["metadata"].get("uid")) for pod in plugins}
+        else:
+            self.plugin_lost_uids = None
+        lost = self.plugin_lost_uids or set()
         plugin_ready = any(
-            image_matches(pod, DEVICE_PLUGIN_IMAGE) and self.pod_ready(pod, faults) for pod in pods
+            str(pod["metadata"].get("uid")) not in lost and self.pod_ready(pod, faults) for pod in plugins
         )
-        if plugin_ready and not faults.get("device_plugin_unregistered"):
+        if plugin_ready:
             self.gpu_registered = True
             return {"capacity": str(healthy_gpus()), "allocatable": str(healthy_gpus())}
         if self.gpu_registered:

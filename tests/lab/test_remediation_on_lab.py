@@ -1,0 +1,302 @@
+"""Issue 11's remediation playbooks on the lab (docs/runbook.md): each fault injected, found and fixed (or
+planned) by its playbook, and restored afterwards whatever happens.
+
+- restart-device-plugin.yml: the device plugin of gpu-node-3 loses its registration (`lab-fault NODE kube
+  device-plugin-unregistered`): Ready with allocatable nvidia.com/gpu 0; --check names the pod and changes
+  nothing; the run deletes that pod, the DaemonSet's new pod registers, the node offers 4 GPUs; a second run
+  on the healthy cluster changes nothing.
+- driver-mismatch.yml on gpu-node-2 (`lab-fault NODE kernel-version ...`): with no GPU process the plan is a
+  module reload; with a process holding /dev/nvidia0 (`lab-fault NODE process --add --hold`) a rolling reboot,
+  and a real run goes the nvidia_driver role's reboot path, which on the lab (nvidia_driver_reboot: false)
+  leaves /var/run/reboot-required instead of rebooting the container. The module reload itself cannot run on
+  the lab (its kernel loads no modules: docs/lab.md): not proven here.
+- collect-diagnostics.yml: one tarball with every item per node, the serving pods' logs and the endpoints
+  (recorded as not reachable with the error: the lab's pods run nothing); a serving pod whose command line
+  carries the lab's JWT secret and a join token shows both in `kubectl logs`, and the tarball has neither.
+
+Needs a converged lab (make lab) whose kube stand-ins match this checkout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+import tarfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from labrun import ROOT, on_node, playbook, podman, running_nodes
+
+pytestmark = pytest.mark.lab
+
+CONTROL_PLANE = "gpu-node-1"
+PLUGIN_NODE = "gpu-node-3"
+DRIVER_NODE = "gpu-node-2"
+GPUS = 4
+TOKEN = re.compile(r"[a-z0-9]{6}\.[a-z0-9]{16}")
+JWT_SECRET = yaml.safe_load((ROOT / "inventories/lab/group_vars/k8s_cluster.yml").read_text())[
+    "llm_gateway_jwt_secret"
+]
+
+
+def sh(node: str, command: str) -> str:
+    proc = on_node(node, command)
+    assert proc.returncode == 0, f"{node}: {command}: {proc.stdout}{proc.stderr}"
+    return proc.stdout
+
+
+def kubectl(*args: str) -> str:
+    quoted = " ".join("'" + a.replace("'", "'\\''") + "'" for a in args)
+    return sh(CONTROL_PLANE, f"kubectl --kubeconfig /etc/kubernetes/admin.conf {quoted}")
+
+
+def kube_json(*args: str) -> Any:
+    return json.loads(kubectl(*args, "-o", "json"))
+
+
+def allocatable(node: str) -> str:
+    return kube_json("get", "node", node)["status"]["allocatable"].get("nvidia.com/gpu", "absent")
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout_s: float, every_s: float = 2) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(every_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+def lab_fault(node: str, *args: str) -> None:
+    proc = podman("exec", node, "fake-nvml", *args)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def kube_fault(node: str, *args: str) -> None:
+    proc = podman("exec", node, "kube-standin-fault", *args)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+@pytest.fixture(scope="module", autouse=True)
+def converged_lab() -> None:
+    if not set(running_nodes()) >= {"gpu-node-1", "gpu-node-2", "gpu-node-3"}:
+        pytest.skip("the lab is not running (make lab)")
+    if on_node(CONTROL_PLANE, "test -e /etc/kubernetes/admin.conf").returncode != 0:
+        pytest.fail("the lab has no cluster: converge it first (make lab)")
+    source = ROOT / "tests/lab/kube/kube_standin"
+    want = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in source.glob("*.py")}
+    stale = []
+    for node in ("gpu-node-1", "gpu-node-2", "gpu-node-3"):
+        for tool in ("kubeadm", "kubelet"):
+            listing = on_node(node, f"cd /usr/lib/kube-standin/{tool}/kube_standin && sha256sum *.py").stdout
+            have = {name: digest for digest, name in (line.split() for line in listing.splitlines())}
+            if have != want:
+                stale.append(f"{node}:{tool}")
+    if stale:
+        pytest.fail(
+            f"kube stand-ins older than this checkout on {', '.join(stale)}: make lab-up (mirror), then on "
+            "each node apt-get update && apt-get install --reinstall kubeadm kubelet, restart kubelet (and "
+            "kube-apiserver-standin on gpu-node-1)"
+        )
+
+
+# --------------------------------------------------------------------------------------- device plugin
+def plugin_pods(node: str) -> list[dict[str, Any]]:
+    pods = kube_json("get", "pods", "-A", "--field-selector", f"spec.nodeName={node}")["items"]
+    return [p for p in pods if any("k8s-device-plugin" in c["image"] for c in p["spec"]["containers"])]
+
+
+@pytest.fixture
+def plugin_fault() -> Iterator[str]:
+    assert allocatable(PLUGIN_NODE) == str(GPUS), "the lab must start with every GPU offered"
+    kube_fault(PLUGIN_NODE, "device-plugin-unregistered")
+    try:
+        yield PLUGIN_NODE
+    finally:
+        kube_fault(PLUGIN_NODE, "clear", "device-plugin-unregistered")
+        wait_for(
+            f"{PLUGIN_NODE} offering {GPUS} GPUs again", lambda: allocatable(PLUGIN_NODE) == str(GPUS), 40
+        )
+
+
+def test_device_plugin_fault_found_and_fixed(plugin_fault: str) -> None:
+    node = plugin_fault
+    wait_for(f"{node} offering 0 GPUs", lambda: allocatable(node) == "0", 40)
+    # the fault is the real one: the pod keeps running, and only a new pod registers
+    (before,) = plugin_pods(node)
+    assert before["status"]["phase"] == "Running"
+
+    check = playbook("playbooks/remediate/restart-device-plugin.yml", "--check")
+    assert check.rc == 0, check.tail()
+    assert f"offering too few GPUs: {node}" in flat(check.output), check.tail()
+    assert f"would delete plugin pods: {before['metadata']['name']}" in flat(check.output), check.tail()
+    assert [p["metadata"]["uid"] for p in plugin_pods(node)] == [before["metadata"]["uid"]]
+    assert allocatable(node) == "0"
+
+    run = playbook("playbooks/remediate/restart-device-plugin.yml")
+    assert run.rc == 0, run.tail()
+    assert f"deleted plugin pods: {before['metadata']['name']}" in flat(run.output), run.tail()
+    assert f'"{node}": {GPUS}' in flat(run.output), run.tail()  # allocatable after the restart
+    assert allocatable(node) == str(GPUS)
+    assert [p["metadata"]["uid"] for p in plugin_pods(node)] != [before["metadata"]["uid"]]
+
+    again = playbook("playbooks/remediate/restart-device-plugin.yml")
+    assert again.rc == 0, again.tail()
+    assert "offering too few GPUs: none (nothing to do)" in flat(again.output), again.tail()
+    assert sum(again.changed().values()) == 0, again.changed_tasks()
+
+
+# --------------------------------------------------------------------------------------- driver mismatch
+def nvml_state(node: str) -> dict[str, Any]:
+    return json.loads(sh(node, "fake-nvml show --json"))
+
+
+@pytest.fixture
+def mismatch() -> Iterator[str]:
+    node = DRIVER_NODE
+    loaded = nvml_state(node)["kernel_module_version"]
+    had_marker = on_node(node, "test -e /var/run/reboot-required").returncode == 0
+    lab_fault(node, "kernel-version", "535.104.05")
+    try:
+        yield node
+    finally:
+        lab_fault(node, "process", "--gpu", "0", "--clear")
+        lab_fault(node, "kernel-version", loaded)
+        if not had_marker:
+            on_node(node, "rm -f /var/run/reboot-required")
+    assert "NVML init fails" not in sh(node, "fake-nvml show")
+
+
+def test_driver_mismatch_reload_when_idle_rolling_reboot_when_busy(mismatch: str) -> None:
+    node = mismatch
+    assert "Driver/library version mismatch" in on_node(node, "nvidia-smi").stdout
+
+    idle = playbook("playbooks/remediate/driver-mismatch.yml", "-l", node, "-e", "plan_only=true")
+    assert idle.rc == 0, idle.tail()
+    assert "PLAN: reload the nvidia kernel modules (no GPU process)" in flat(idle.output), idle.tail()
+    assert idle.changed() == {node: 0}
+
+    lab_fault(node, "process", "--gpu", "0", "--add", "--hold", "--name", "vllm-worker")
+    holder = next(p for p in nvml_state(node)["gpus"][0]["processes"] if p.get("holder"))
+    busy = playbook("playbooks/remediate/driver-mismatch.yml", "-l", node, "-e", "plan_only=true")
+    assert busy.rc == 0, busy.tail()
+    plan = (
+        f"PLAN: reboot (rolling, one node at a time): processes use the GPUs (vllm-worker[{holder['pid']}])"
+    )
+    assert plan in flat(busy.output), busy.tail()
+
+    # a real run takes the nvidia_driver role's reboot path; the lab's nvidia_driver_reboot: false stops it
+    # at the marker instead of rebooting the container
+    run = playbook("playbooks/remediate/driver-mismatch.yml", "-l", node)
+    assert run.rc == 0, run.tail()
+    assert "reboot deferred: /var/run/reboot-required set" in flat(run.output), run.tail()
+    assert "driver/library version mismatch and GPUs in use (vllm-worker[" in flat(run.output), run.tail()
+    assert on_node(node, "test -e /var/run/reboot-required").returncode == 0
+    assert "Driver/library version mismatch" in on_node(node, "nvidia-smi").stdout  # nothing was reloaded
+
+
+# --------------------------------------------------------------------------------------- diagnostics
+@pytest.fixture
+def leaky_pod() -> Iterator[tuple[str, str]]:
+    """A pod in the serving namespace that logs its command line, secrets included (as a server started
+    with --api-key would); removed afterwards, with the namespace if the test made it."""
+    token = "k3tq9z." + hashlib.sha256(str(time.time()).encode()).hexdigest()[:16]
+    made_namespace = on_node(CONTROL_PLANE, "kubectl --kubeconfig /etc/kubernetes/admin.conf get ns serving")
+    made = made_namespace.returncode != 0
+    if made:
+        kubectl("create", "namespace", "serving")
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "diag-leaky", "namespace": "serving"},
+        "spec": {
+            "containers": [
+                {
+                    "name": "server",
+                    "image": "busybox:1.36",
+                    "args": ["serve", "--jwt-secret", JWT_SECRET, "--join", token],
+                    "ports": [{"name": "http", "containerPort": 8000}],
+                }
+            ]
+        },
+    }
+    sh(
+        CONTROL_PLANE,
+        f"echo '{json.dumps(pod)}' | kubectl --kubeconfig /etc/kubernetes/admin.conf create -f -",
+    )
+    try:
+        kubectl("wait", "--for=condition=Ready", "-n", "serving", "pod/diag-leaky", "--timeout=40s")
+        yield "diag-leaky", token
+    finally:
+        on_node(
+            CONTROL_PLANE, "kubectl --kubeconfig /etc/kubernetes/admin.conf -n serving delete pod diag-leaky"
+        )
+        if made:
+            on_node(CONTROL_PLANE, "kubectl --kubeconfig /etc/kubernetes/admin.conf delete ns serving")
+
+
+def test_collect_diagnostics_every_item_no_secret(leaky_pod: tuple[str, str], tmp_path: Path) -> None:
+    pod, token = leaky_pod
+    raw = kubectl("logs", "-n", "serving", pod)
+    assert JWT_SECRET in raw and token in raw, (
+        "the pod's log must carry the secrets for this test to mean anything"
+    )
+
+    run = playbook("playbooks/remediate/collect-diagnostics.yml", "-e", f"diagnostics_dir={tmp_path}")
+    assert run.rc == 0, run.tail()
+    (tarball,) = tmp_path.glob("diagnostics-*.tar.gz")
+    assert re.fullmatch(r"diagnostics-\d{8}T\d{6}Z\.tar\.gz", tarball.name)
+    assert tarball.stat().st_mode & 0o077 == 0
+    files: dict[str, str] = {}
+    with tarfile.open(tarball) as tar:
+        for member in tar.getmembers():
+            if member.isfile():
+                handle = tar.extractfile(member)
+                assert handle is not None
+                files[member.name] = io.TextIOWrapper(handle, encoding="utf-8", errors="replace").read()
+
+    def one(suffix: str) -> str:
+        found = [name for name in files if name.endswith(suffix)]
+        assert len(found) == 1, f"{suffix}: {found} among {sorted(files)}"
+        return files[found[0]]
+
+    for node in ("gpu-node-1", "gpu-node-2", "gpu-node-3"):
+        assert "Driver Version" in one(f"nodes/{node}/nvidia-smi-q.txt")
+        assert json.loads(one(f"nodes/{node}/gpu_facts.json"))["nvidia"]["gpu_count"] == GPUS
+        one(
+            f"nodes/{node}/dmesg-xid.txt"
+        )  # the lab's containers may not read the kernel log: then an ERROR line
+        one(f"nodes/{node}/kubelet.journal.txt")
+        one(f"nodes/{node}/containerd.journal.txt")
+    log = one(f"pods/serving_{pod}_server.log")
+    assert "command line: serve --jwt-secret <redacted:secret> --join <redacted:bootstrap-token>" in log
+    # the lab's pods run nothing: their endpoints are in the tarball as not reachable, with the error
+    for endpoint in ("dump_state", "metrics"):
+        assert one(f"http/{pod}_{endpoint}.txt").startswith("ERROR: not collected:")
+    index = json.loads(one("index.json"))
+    items = index["items"]
+    assert {i["file"] for i in items} >= {
+        "nvidia-smi-q.txt",
+        "gpu_facts.json",
+        "dmesg-xid.txt",
+        "kubelet.journal.txt",
+        "containerd.journal.txt",
+        "kubernetes-nodes.json",
+        f"serving_{pod}_server.log",
+    }
+    # what could not be collected is in the tarball as such, with the error
+    for item in items:
+        assert item["ok"] or item["error"], item
+    for name, text in files.items():
+        assert JWT_SECRET not in text, f"the JWT secret is in {name}"
+        assert not TOKEN.search(text), f"a join token is in {name}: {TOKEN.search(text)}"
