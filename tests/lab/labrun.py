@@ -18,6 +18,7 @@ import json
 import os
 import re
 import subprocess
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,13 @@ def parse_json(stdout: str) -> dict[str, Any]:
     return document
 
 
+def extra_vars(values: dict[str, Any]) -> tuple[str, str]:
+    """`-e @file` for typed extra vars (lists, dicts, ints), through a JSON file that outlives the call."""
+    with tempfile.NamedTemporaryFile("w", prefix="lab-extra-vars-", suffix=".json", delete=False) as handle:
+        json.dump(values, handle)
+    return "-e", f"@{handle.name}"
+
+
 def playbook_args(path: str, *extra: str, inventory: str = LAB_INVENTORY) -> list[str]:
     return [str(ROOT / ".venv/bin/ansible-playbook"), "-i", inventory, path, *extra]
 
@@ -138,6 +146,13 @@ def playbook(
             for host, stats in document["stats"].items()
         }
         return Run(proc.returncode, output, recap, document)
+    return Run(proc.returncode, output, parse_recap(output))
+
+
+def command(*args: str, timeout: int = 1800) -> Run:
+    """Any lab command run from the checkout's root (`make lab`, labctl), its output and PLAY RECAP read."""
+    proc = subprocess.run(list(args), cwd=ROOT, capture_output=True, text=True, env=env(), timeout=timeout)
+    output = proc.stdout + proc.stderr
     return Run(proc.returncode, output, parse_recap(output))
 
 
