@@ -28,6 +28,8 @@ SITE = {
     "monitoring_alertmanager_image_digest": DIGEST,
     "monitoring_grafana_image_digest": DIGEST,
     "monitoring_dcgm_exporter_image_digest": DIGEST,
+    # read from the cluster by the role (the kubernetes Service's EndpointSlice) before the policy is rendered
+    "__monitoring_api_server_port": 6443,
 }
 
 

@@ -279,10 +279,21 @@ def test_alertmanager_may_reach_the_receivers_port_only(url: str, port: int) -> 
     assert egress[0] == {"ports": [{"protocol": "TCP", "port": port}]}
 
 
+def test_prometheus_may_reach_the_api_servers_port() -> None:
+    for port in (6443, 8443):
+        objs = render_objects("network-policy.yml.j2", __monitoring_api_server_port=str(port))
+        egress = by(objs, "NetworkPolicy", "prometheus")["spec"]["egress"]
+        assert {"ports": [{"protocol": "TCP", "port": port}]} in egress
+
+
 def test_the_templates_use_the_roles_variables_only() -> None:
     """StrictUndefined rendering with the defaults alone (no site values) still renders: nothing undefined."""
     for template in ("prometheus-workload.yml.j2", "grafana-workload.yml.j2", "network-policy.yml.j2"):
-        assert render(template, monitoring_alert_webhook_url="https://a.example.org/x")
+        assert render(
+            template,
+            monitoring_alert_webhook_url="https://a.example.org/x",
+            __monitoring_api_server_port=6443,
+        )
 
 
 def test_the_tests_renderer_matches_ansibles(tmp_path: Path) -> None:
