@@ -36,9 +36,9 @@ lab-up: deps venv ## start (or repair) the three lab nodes and the mirror
 	$(BIN)/python tests/lab/labctl.py up
 
 lab: lab-up ## THE MAIN JOB on the lab: converge playbooks/site.yml on the three nodes
-	ansible-playbook -i $(LAB_INVENTORY) playbooks/site.yml
-	# the summary: one line per node (driver, GPUs, power, health)
-	ansible-playbook -i $(LAB_INVENTORY) playbooks/report.yml
+	# site.yml, then the summary (report.yml: one line per node: driver, GPUs, power, health)
+	# in one run: one start, one inventory, the facts and SSH connections reused
+	ansible-playbook -i $(LAB_INVENTORY) playbooks/site.yml playbooks/report.yml
 	$(BIN)/python tests/lab/labctl.py status
 
 lab-status: ## the lab's containers
