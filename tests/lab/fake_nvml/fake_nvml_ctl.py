@@ -560,12 +560,13 @@ def cmd_kernel_version(args: argparse.Namespace) -> str:
 HOLDER_DIR = "/run/fake-nvml/holders"  # tmpfs: gone at reboot, like the processes
 
 
-def _spawn_holder(index: int, name: str) -> int:
+def _spawn_holder(index: int, name: str) -> tuple[int, bool]:
     """A process that keeps /dev/nvidia<index> open, as a CUDA process holds its GPU's device node, so
     gpu_facts' device_processes (read from /proc/PID/fd) sees it. Its comm is `name` (exec'd through a
     symlink of that name to sleep). The device node is an empty file where the lab has none."""
     device = f"/dev/nvidia{index}"
-    if not os.path.exists(device):
+    created = not os.path.exists(device)
+    if created:
         with open(device, "a", encoding="utf-8"):
             pass
     os.makedirs(HOLDER_DIR, exist_ok=True)
@@ -580,12 +581,15 @@ def _spawn_holder(index: int, name: str) -> int:
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
-    return proc.pid
+    return proc.pid, created
 
 
 def _stop_holder(proc: dict[str, Any]) -> None:
     if not proc.get("holder"):
         return
+    device = proc.get("created_device")
+    if device and os.path.isfile(device) and os.path.getsize(device) == 0:
+        os.unlink(device)  # the empty stand-in it made; a real device node is never a regular file
     pid = int(proc["pid"])
     try:
         with open(f"/proc/{pid}/comm", encoding="utf-8") as f:
@@ -611,7 +615,7 @@ def cmd_process(args: argparse.Namespace) -> str:
             if args.hold:
                 if args.pid is not None:
                     raise CtlError("--hold starts its own process: leave out --pid")
-                args.pid = _spawn_holder(args.gpu, args.name)
+                args.pid, created = _spawn_holder(args.gpu, args.name)
             if args.pid is None:
                 raise CtlError("--add needs --pid (or --hold)")
             if args.pid <= 0:
@@ -620,6 +624,8 @@ def cmd_process(args: argparse.Namespace) -> str:
             entry = {"pid": args.pid, "name": args.name, "used_memory": args.used_mib * MIB}
             if args.hold:
                 entry["holder"] = True
+                if created:
+                    entry["created_device"] = f"/dev/nvidia{args.gpu}"
             procs.append(entry)
             held = f", holding /dev/nvidia{args.gpu} open" if args.hold else ""
             return f"GPU {args.gpu}: process {args.pid} ({args.name}) using {args.used_mib} MiB{held}"
