@@ -12,43 +12,22 @@ That `--check` on the converged lab changes nothing is proved by tests/lab/test_
 
 from __future__ import annotations
 
-import os
-import re
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
+from labrun import NODES, ROOT, playbook, podman, running_nodes
 
 pytestmark = pytest.mark.lab
 
-ROOT = Path(__file__).resolve().parents[2]
 LAB_INVENTORY = ROOT / "inventories" / "lab"
-NODES = ("gpu-node-1", "gpu-node-2", "gpu-node-3")
 FRESH = "k8s-check-fresh"
 # on the lab network next to the nodes (.11-.13) and gpu-check-fresh (.19), clear of lab
 # services (.3-.10) and molecule (.31-.59)
 FRESH_IP = "10.89.42.20"
 LAB_IMAGE = "localhost/llm-lab-node:bookworm"
-RECAP = re.compile(
-    r"^(?P<host>\S+)\s+:\s+ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)\s+unreachable=\d+\s+failed=(?P<failed>\d+)",
-    re.MULTILINE,
-)
-
-
-def env() -> dict[str, str]:
-    return {
-        **os.environ,
-        "CONTAINERS_CONF": os.environ.get("CONTAINERS_CONF", str(ROOT / "tests" / "lab" / "containers.conf")),
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "ANSIBLE_NOCOLOR": "1",
-    }
-
-
-def podman(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["podman", *args], capture_output=True, text=True, env=env(), timeout=120)
 
 
 def default(role: str, name: str) -> str:
@@ -60,7 +39,7 @@ def fresh_inventory(tmp_path: Path) -> Iterator[Path]:
     """A never-converged server: a throw-away lab-image container; yields an inventory for it."""
     if shutil.which("podman") is None:
         pytest.skip("podman is not installed: the lab is not set up here (make lab-up, docs/lab.md)")
-    running = podman("ps", "--format", "{{.Names}}").stdout.split()
+    running = running_nodes()
     down = [node for node in NODES if node not in running]
     if down:
         pytest.skip(f"lab nodes not running: {', '.join(down)} (make lab-up)")
@@ -100,27 +79,11 @@ def fresh_inventory(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_check_mode_on_a_fresh_node_reports_the_cluster_it_would_make(fresh_inventory: Path) -> None:
-    proc = subprocess.run(
-        [
-            str(ROOT / ".venv" / "bin" / "ansible-playbook"),
-            "-i",
-            str(fresh_inventory),
-            str(ROOT / "playbooks" / "kubernetes.yml"),
-            "--check",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env=env(),
-        timeout=900,
-    )
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output[-6000:]
-    recap = {m["host"]: (int(m["changed"]), int(m["failed"])) for m in RECAP.finditer(output)}
-    changed, failed = recap[FRESH]
-    assert failed == 0
-    assert changed > 0
-    said = " ".join(output.split())
+    run = playbook("playbooks/kubernetes.yml", "--check", inventory=str(fresh_inventory), timeout=900)
+    assert run.rc == 0, run.tail()
+    assert run.failed()[FRESH] == 0
+    assert run.changed()[FRESH] > 0
+    said = " ".join(run.output.split())
     assert "installs kubeadm, kubelet, kubectl" in said
     assert "would run kubeadm init" in said
     assert f"would apply Calico {default('calico', 'calico_version')}" in said
