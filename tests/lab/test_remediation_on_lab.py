@@ -5,11 +5,14 @@ planned) by its playbook, and restored afterwards whatever happens.
   device-plugin-unregistered`): Ready with allocatable nvidia.com/gpu 0; --check names the pod and changes
   nothing; the run deletes that pod, the DaemonSet's new pod registers, the node offers 4 GPUs; a second run
   on the healthy cluster changes nothing.
-- driver-mismatch.yml on gpu-node-2 (`lab-fault NODE kernel-version ...`): with no GPU process the plan is a
-  module reload; with a process holding /dev/nvidia0 (`lab-fault NODE process --add --hold`) a rolling reboot,
-  and a real run goes the nvidia_driver role's reboot path, which on the lab (nvidia_driver_reboot: false)
-  leaves /var/run/reboot-required instead of rebooting the container. The module reload itself cannot run on
-  the lab (its kernel loads no modules: docs/lab.md): not proven here.
+- driver-mismatch.yml on gpu-node-2 (`lab-fault NODE kernel-version ...` with the driver's modules loaded as
+  at boot): with no GPU process the plan is a module reload and a real run does it (the nvidia_driver role
+  unloads the four modules and loads the installed driver's: the lab's modprobe and the nvidia-dkms stand-in,
+  docs/lab.md "Kernel modules"), after which NVML works with the installed version and a second run changes
+  nothing; with a process holding /dev/nvidia0 (`lab-fault NODE process --add --hold`) `modprobe -r nvidia`
+  is refused (in use), the plan is a rolling reboot, and a real run goes the nvidia_driver role's reboot
+  path, which on the lab (nvidia_driver_reboot: false) leaves /var/run/reboot-required instead of rebooting
+  the container.
 - collect-diagnostics.yml: one tarball with every item per node, the serving pods' logs and the endpoints
   (recorded as not reachable with the error: the lab's pods run nothing); a serving pod whose command line
   carries the lab's JWT secret and a join token shows both in `kubectl logs`, and the tarball has neither.
@@ -23,6 +26,7 @@ import hashlib
 import io
 import json
 import re
+import shlex
 import tarfile
 import time
 from collections.abc import Callable, Iterator
@@ -161,17 +165,30 @@ def nvml_state(node: str) -> dict[str, Any]:
     return json.loads(sh(node, "fake-nvml show --json"))
 
 
+NVIDIA_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm")
+MODULE_TABLE = "/run/lab-kmod/modules"  # the lab kernel's /proc/modules (docs/lab.md, "Kernel modules")
+
+
+def loaded_modules(node: str) -> list[str]:
+    return [line.split()[0] for line in sh(node, f"cat {MODULE_TABLE} 2>/dev/null || true").splitlines()]
+
+
 @pytest.fixture
 def mismatch() -> Iterator[str]:
     node = DRIVER_NODE
     loaded = nvml_state(node)["kernel_module_version"]
     had_marker = on_node(node, "test -e /var/run/reboot-required").returncode == 0
+    table = sh(node, f"cat {MODULE_TABLE} 2>/dev/null || true")
+    # the driver's modules loaded as at boot (the nvidia-dkms stand-in lists them for the boot loader),
+    # then the libraries move under them
+    sh(node, "/usr/local/sbin/lab-modules-load")
     lab_fault(node, "kernel-version", "535.104.05")
     try:
         yield node
     finally:
         lab_fault(node, "process", "--gpu", "0", "--clear")
         lab_fault(node, "kernel-version", loaded)
+        sh(node, f"printf %s {shlex.quote(table)} > {MODULE_TABLE}")
         if not had_marker:
             on_node(node, "rm -f /var/run/reboot-required")
     assert "NVML init fails" not in sh(node, "fake-nvml show")
@@ -181,11 +198,33 @@ def test_driver_mismatch_reload_when_idle_rolling_reboot_when_busy(mismatch: str
     node = mismatch
     assert "Driver/library version mismatch" in on_node(node, "nvidia-smi").stdout
 
+    assert set(loaded_modules(node)) >= set(NVIDIA_MODULES)
+    library = sh(node, "sed -n 's/^version=//p' /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1").strip()
+    assert library and library != "535.104.05"
+
     idle = playbook("playbooks/remediate/driver-mismatch.yml", "-l", node, "-e", "plan_only=true")
     assert idle.rc == 0, idle.tail()
     assert "PLAN: reload the nvidia kernel modules (no GPU process)" in flat(idle.output), idle.tail()
     assert idle.changed() == {node: 0}
 
+    # idle: a real run reloads the modules, the installed driver's module is the loaded one
+    fix = playbook("playbooks/remediate/driver-mismatch.yml", "-l", node)
+    assert fix.rc == 0, fix.tail()
+    assert "reloaded the nvidia kernel modules" in flat(fix.output), fix.tail()
+    assert f"works: driver {library}, {GPUS} GPU(s)" in flat(fix.output), fix.tail()
+    for module in NVIDIA_MODULES:  # each one unloaded and loaded again
+        assert f"changed: [{node}] => (item={module})" in fix.output, fix.tail()
+    assert set(loaded_modules(node)) >= set(NVIDIA_MODULES)
+    assert nvml_state(node)["kernel_module_version"] == library
+    smi = on_node(node, "nvidia-smi")
+    assert smi.returncode == 0 and "mismatch" not in smi.stdout and library in smi.stdout, smi.stdout
+    again = playbook("playbooks/remediate/driver-mismatch.yml", "-l", node)
+    assert again.rc == 0, again.tail()
+    assert "PLAN: nothing (no mismatch)" in flat(again.output), again.tail()
+    assert again.changed() == {node: 0}, again.changed_tasks()
+
+    # busy: the libraries move again, a process holds a GPU; the kernel refuses to unload nvidia
+    lab_fault(node, "kernel-version", "535.104.05")
     lab_fault(node, "process", "--gpu", "0", "--add", "--hold", "--name", "vllm-worker")
     holder = next(p for p in nvml_state(node)["gpus"][0]["processes"] if p.get("holder"))
     busy = playbook("playbooks/remediate/driver-mismatch.yml", "-l", node, "-e", "plan_only=true")
@@ -194,6 +233,9 @@ def test_driver_mismatch_reload_when_idle_rolling_reboot_when_busy(mismatch: str
         f"PLAN: reboot (rolling, one node at a time): processes use the GPUs (vllm-worker[{holder['pid']}])"
     )
     assert plan in flat(busy.output), busy.tail()
+    refused = on_node(node, "modprobe -r nvidia_uvm && modprobe -r nvidia")
+    assert refused.returncode != 0 and "Module nvidia is in use" in refused.stderr, refused
+    sh(node, "modprobe nvidia_uvm")
 
     # a real run takes the nvidia_driver role's reboot path; the lab's nvidia_driver_reboot: false stops it
     # at the marker instead of rebooting the container

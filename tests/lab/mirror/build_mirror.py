@@ -92,7 +92,18 @@ def driver_packages(branch: str, upstream: str, flavour: str) -> list[Package]:
             "NVIDIA compute utilities (nvidia-persistenced)",
         ),
         "nvidia-kernel-common": ({}, "Shared files used with the kernel module"),
-        "nvidia-dkms": ({}, "NVIDIA DKMS package (kernel modules are not simulated)"),
+        "nvidia-dkms": (
+            {
+                # the modules it builds, their init/exit and their loading at boot (docs/lab.md)
+                "/usr/lib/lab-kmod/modules.d/nvidia-dkms.available": (
+                    payload("nvidia-kmod.available", version=upstream),
+                    0o644,
+                ),
+                "/usr/lib/lab-kmod/hooks/nvidia": (payload("nvidia-kmod-hook", version=upstream), 0o755),
+                "/usr/lib/modules-load.d/lab-nvidia.conf": (payload("nvidia-kmod-load.conf"), 0o644),
+            },
+            "NVIDIA DKMS package (the kernel modules as the lab's modprobe knows them)",
+        ),
     }
     packages = []
     for base, (files, summary) in parts.items():
