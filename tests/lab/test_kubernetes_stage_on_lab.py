@@ -7,88 +7,59 @@ config passes `kubeadm config validate` on the node and holds IPVS mode, the pod
 driver and the audit policy; a second run and `--check --diff` change nothing; a worker reset with
 `kubeadm reset` joins again with `--limit workers` (the control plane up, the token made by the join role,
 never printed); the device plugin fault (`scripts/lab-fault NODE kube device-plugin-unregistered`) fails
-the stage naming the node; each bad value fails in the validation play, before any change, naming the
-variable.
+the stage on that node alone, naming it; each bad value fails in the validation play, before any change,
+naming the variable.
 """
 
 from __future__ import annotations
 
-import os
+import json
 import re
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from labrun import NODES, ROOT, Run, env, on_node, playbook, running_nodes
 
 pytestmark = pytest.mark.lab
 
-ROOT = Path(__file__).resolve().parents[2]
-NODES = ("gpu-node-1", "gpu-node-2", "gpu-node-3")
-RECAP = re.compile(
-    r"^(?P<host>\S+)\s+:\s+ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)"
-    r"\s+unreachable=(?P<unreachable>\d+)\s+failed=(?P<failed>\d+)",
-    re.MULTILINE,
-)
+STAGE = "playbooks/kubernetes.yml"
 TOKEN = re.compile(r"\b[a-z0-9]{6}\.[a-z0-9]{16}\b")
 VALIDATION_PLAY = "PLAY [Kubernetes - validate every role's values before any change]"
+RESET_WORKER = "gpu-node-3"
+FAULT_WORKER = "gpu-node-2"
 
 
-def env() -> dict[str, str]:
-    return {
-        **os.environ,
-        "CONTAINERS_CONF": os.environ.get("CONTAINERS_CONF", str(ROOT / "tests/lab/containers.conf")),
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "ANSIBLE_FORCE_COLOR": "0",
-        "ANSIBLE_NOCOLOR": "1",
-    }
+def stage(*extra: str) -> Run:
+    return playbook(STAGE, *extra, timeout=900)
 
 
-def on_node(node: str, command: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["podman", "exec", node, "sh", "-c", command], capture_output=True, text=True, env=env(), timeout=300
+def converged(*extra: str) -> Run:
+    run = stage(*extra)
+    assert run.rc == 0, f"kubernetes.yml {' '.join(extra)} failed (rc {run.rc}):\n{run.tail()}"
+    assert not TOKEN.search(run.output), "a bootstrap token appeared in the output"
+    return run
+
+
+def joined(node: str) -> bool:
+    return on_node(node, "test -s /etc/kubernetes/kubelet.conf").returncode == 0
+
+
+def lab_fault(node: str, *args: str) -> None:
+    subprocess.run(
+        [str(ROOT / "scripts/lab-fault"), node, "kube", *args], check=True, env=env(), capture_output=True
     )
-
-
-def stage(*extra: str) -> tuple[int, dict[str, dict[str, int]], str]:
-    proc = subprocess.run(
-        [
-            str(ROOT / ".venv/bin/ansible-playbook"),
-            "-i",
-            "inventories/lab/hosts.yml",
-            "playbooks/kubernetes.yml",
-            *extra,
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env=env(),
-        timeout=900,
-    )
-    output = proc.stdout + proc.stderr
-    recap = {
-        m["host"]: {k: int(v) for k, v in m.groupdict().items() if k != "host"}
-        for m in RECAP.finditer(output)
-    }
-    return proc.returncode, recap, output
-
-
-def converged(*extra: str) -> dict[str, dict[str, int]]:
-    rc, recap, output = stage(*extra)
-    assert rc == 0, f"kubernetes.yml {' '.join(extra)} failed (rc {rc}):\n{output[-6000:]}"
-    assert not TOKEN.search(output), "a bootstrap token appeared in the output"
-    return recap
 
 
 @pytest.fixture(scope="module")
 def first_run() -> str:
     """The output of a converging run (a no-op on a converged lab)."""
-    if subprocess.run(["podman", "container", "exists", "gpu-node-1"], env=env()).returncode != 0:
+    if "gpu-node-1" not in running_nodes():
         pytest.skip("the lab is not running (make lab-up)")
-    rc, recap, output = stage()
-    assert rc == 0, f"kubernetes.yml failed (rc {rc}):\n{output[-6000:]}"
-    assert set(recap) == set(NODES), recap
-    assert not TOKEN.search(output), "a bootstrap token appeared in the output"
-    return output
+    run = converged()
+    assert set(run.recap) == set(NODES), run.recap
+    return run.output
 
 
 @pytest.fixture(autouse=True)
@@ -98,9 +69,8 @@ def cluster(first_run: str) -> None:
 
 def test_second_run_and_check_diff_change_nothing() -> None:
     for extra in ((), ("--check", "--diff")):
-        recap = converged(*extra)
-        assert set(recap) == set(NODES)
-        assert {host: r["changed"] for host, r in recap.items()} == dict.fromkeys(NODES, 0), extra
+        run = converged(*extra)
+        assert run.changed() == dict.fromkeys(NODES, 0), (extra, run.changed_tasks())
 
 
 def test_summary_line_per_node(first_run: str) -> None:
@@ -129,34 +99,51 @@ def test_rendered_kubeadm_config_passes_validate_on_the_node() -> None:
     assert on_node("gpu-node-1", "test -s /etc/kubernetes/audit/policy.yaml").returncode == 0
 
 
-# Known defect, found by the first full CI run of this file: `kubernetes.yml --limit workers` after
-# `kubeadm reset` on a worker fails (rc 2); not yet diagnosed. Issue 8 stays open until it passes.
-@pytest.mark.xfail(reason="known defect: --limit workers rejoin after a reset fails (issue 8)", strict=False)
-def test_a_reset_worker_joins_again_with_limit_workers() -> None:
-    reset = on_node("gpu-node-3", "kubeadm reset -f")
-    assert reset.returncode == 0, reset.stderr
-    assert on_node("gpu-node-3", "test -e /etc/kubernetes/kubelet.conf").returncode != 0
-    recap = converged("--limit", "workers")
-    assert set(recap) == {"gpu-node-2", "gpu-node-3"}
-    assert recap["gpu-node-3"]["changed"] > 0 and recap["gpu-node-2"]["changed"] == 0, recap
-    assert on_node("gpu-node-3", "test -s /etc/kubernetes/kubelet.conf").returncode == 0
-
-
-# Known defect, found with the one above (it runs after it and may inherit its reset worker): every host
-# of the stage failed, not gpu-node-2 alone. Issue 8 stays open until it passes.
-@pytest.mark.xfail(reason="known defect: the device-plugin fault failed every host (issue 8)", strict=False)
-def test_device_plugin_fault_fails_the_stage_naming_the_node() -> None:
-    fault = [str(ROOT / "scripts/lab-fault"), "gpu-node-2", "kube"]
-    subprocess.run([*fault, "device-plugin-unregistered"], check=True, env=env(), capture_output=True)
+@pytest.fixture
+def reset_worker() -> Iterator[str]:
+    """RESET_WORKER after `kubeadm reset -f`; joined again afterwards whatever the test found."""
+    reset = on_node(RESET_WORKER, "kubeadm reset -f")
     try:
-        rc, recap, output = stage("-e", "nvidia_device_plugin_ready_timeout=9")
+        assert reset.returncode == 0, reset.stderr
+        yield RESET_WORKER
     finally:
-        subprocess.run([*fault, "clear"], check=True, env=env(), capture_output=True)
-    assert rc != 0
-    assert recap["gpu-node-2"]["failed"] == 1 and recap["gpu-node-3"]["failed"] == 0, recap
-    assert re.search(r"Node gpu-node-2 offers nvidia\.com/gpu allocatable 0 .* has 4 GPUs", output), output[
-        -4000:
-    ]
+        if not joined(RESET_WORKER):
+            stage("--limit", RESET_WORKER)
+
+
+def test_a_reset_worker_joins_again_with_limit_workers(reset_worker: str) -> None:
+    # right after the reset its old Node is still Ready in the API (the kubelet stopped moments ago),
+    # as on real servers: kubeadm join refuses a Ready Node of its name until it goes stale
+    assert not joined(reset_worker)
+    run = converged("--limit", "workers")
+    assert set(run.recap) == {"gpu-node-2", "gpu-node-3"}
+    assert run.recap[reset_worker]["changed"] > 0 and run.recap["gpu-node-2"]["changed"] == 0, run.recap
+    assert joined(reset_worker)
+    flat = " ".join(run.output.split())
+    assert re.search(rf"{reset_worker}: Ready, 4/4 GPUs allocatable", flat), run.tail()
+
+
+@pytest.fixture
+def device_plugin_fault() -> Iterator[str]:
+    """FAULT_WORKER's device plugin not registering (allocatable 0); cleared afterwards."""
+    lab_fault(FAULT_WORKER, "device-plugin-unregistered")
+    try:
+        yield FAULT_WORKER
+    finally:
+        lab_fault(FAULT_WORKER, "clear")
+
+
+def test_device_plugin_fault_fails_the_stage_naming_the_node(device_plugin_fault: str) -> None:
+    # an int, as the role's argument specs want it (`-e name=9` passes a string, refused in validation)
+    run = stage("-e", json.dumps({"nvidia_device_plugin_ready_timeout": 9}))
+    assert run.rc != 0
+    assert "PLAY [Kubernetes verification" in run.output, run.tail()  # the stage went on with the others
+    assert run.failed() == {"gpu-node-1": 0, "gpu-node-2": 1, "gpu-node-3": 0}, (run.recap, run.tail())
+    assert run.changed() == dict.fromkeys(NODES, 0), run.changed_tasks()
+    flat = " ".join(run.output.split())
+    named = rf"Node {device_plugin_fault} offers nvidia\.com/gpu allocatable 0 \(capacity 4\) but has 4 GPUs"
+    assert re.search(named, flat), run.tail()
+    assert not TOKEN.search(run.output), "a bootstrap token appeared in the output"
 
 
 BAD_VALUES = [
@@ -179,20 +166,18 @@ BAD_VALUES = [
 
 @pytest.mark.parametrize(("value", "message"), BAD_VALUES, ids=[v for v, _ in BAD_VALUES])
 def test_bad_value_fails_before_any_change(value: str, message: str) -> None:
-    rc, recap, output = stage("-e", value)
-    refused(rc, recap, output, message)
+    refused(stage("-e", value), message)
 
 
 def test_two_control_plane_hosts_are_refused(tmp_path: Path) -> None:
     extra = tmp_path / "two-control-planes.yml"
     extra.write_text("all:\n  children:\n    control_plane:\n      hosts:\n        gpu-node-2:\n")
-    rc, recap, output = stage("-i", str(extra))
-    refused(rc, recap, output, "control_plane must hold exactly one host")
+    refused(stage("-i", str(extra)), "control_plane must hold exactly one host")
 
 
-def refused(rc: int, recap: dict[str, dict[str, int]], output: str, message: str) -> None:
-    assert rc != 0, output[-3000:]
-    assert message in output, output[-4000:]
-    assert all(r["changed"] == 0 for r in recap.values()), recap
-    plays = re.findall(r"^PLAY \[.*\]", output, re.MULTILINE)
+def refused(run: Run, message: str) -> None:
+    assert run.rc != 0, run.tail(3000)
+    assert message in run.output, run.tail(4000)
+    assert all(count == 0 for count in run.changed().values()), run.recap
+    plays = re.findall(r"^PLAY \[.*\]", run.output, re.MULTILINE)
     assert plays == [VALIDATION_PLAY], f"a play after the validation ran: {plays}"
