@@ -309,7 +309,13 @@ def restore() -> None:
     for _ in range(2):  # a canary left, then a promotion left
         if weights_version(CANARY) is None and weights_version(MODEL) == "v1":
             return
-        playbook("playbooks/remediate/rollback-model.yml", "-e", f"model={MODEL}")
+        playbook(
+            "playbooks/remediate/rollback-model.yml",
+            "-e",
+            f"model={MODEL}",
+            "-e",
+            "model_rollout_ready_timeout_s=120",
+        )
 
 
 def gateway_image() -> list[str]:
