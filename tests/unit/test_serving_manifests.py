@@ -1,8 +1,8 @@
 """The vllm_serving role's manifests: every rendered object validates against the Kubernetes 1.36 schemas
 (kubernetes-validate, strict), and the policies hold over the rendered objects: GPU requests equal limits,
 non-root uid 1001 without privilege escalation, startup/readiness/liveness probes on /health with the
-startup budget, /dev/shm in memory, weights read-only from <root>/<name>/<version> (never `current`), image by digest. Bad input
-is refused by the role's validation before anything changes, naming the variable."""
+startup budget, /dev/shm in memory, weights read-only from <root>/<name>/<version> (never `current`), image
+by digest. Bad input is refused by the role's validation before anything changes, naming the variable."""
 
 from __future__ import annotations
 
