@@ -11,91 +11,33 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from labrun import NODES, ROOT, Run, background_playbook, env, extra_vars, on_node, parse_json, playbook
 
 pytestmark = pytest.mark.lab
 
-ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 import modelgen  # noqa: E402
 
-NODES = ("gpu-node-1", "gpu-node-2", "gpu-node-3")
 LAB_VARS = yaml.safe_load((ROOT / "inventories/lab/group_vars/all.yml").read_text())
 SOURCE = LAB_VARS["model_sync_source_node"]
 RECEIVERS = tuple(node for node in NODES if node != SOURCE)
 GOOD = LAB_VARS["model_sync_models"][0]
 INBOX = str(Path(GOOD["source"]).parent.parent)
 ROOT_DIR = "/models"
+MODELS = "playbooks/models.yml"
 
 
-def env() -> dict[str, str]:
-    return {
-        **os.environ,
-        "CONTAINERS_CONF": os.environ.get("CONTAINERS_CONF", str(ROOT / "tests/lab/containers.conf")),
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
-        "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.json",
-        "ANSIBLE_NOCOLOR": "1",
-    }
-
-
-def on_node(node: str, command: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["podman", "exec", node, "sh", "-c", command], capture_output=True, text=True, env=env(), timeout=120
-    )
-
-
-def models_playbook(extra: dict[str, Any] | None = None, background: bool = False) -> Any:
+def models_playbook(extra: dict[str, Any] | None = None) -> Run:
     """Run playbooks/models.yml with the JSON callback; extra vars go through a file (typed)."""
-    args = [
-        str(ROOT / ".venv/bin/ansible-playbook"),
-        "-i",
-        "inventories/lab/hosts.yml",
-        "playbooks/models.yml",
-    ]
-    if extra:
-        handle = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)  # noqa: SIM115
-        json.dump(extra, handle)
-        handle.close()
-        args += ["-e", f"@{handle.name}"]
-    if background:
-        return subprocess.Popen(
-            args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env()
-        )
-    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, env=env(), timeout=900)
-    return proc.returncode, parse(proc.stdout), proc.stdout + proc.stderr
-
-
-def parse(stdout: str) -> dict[str, Any]:
-    start = stdout.find("{\n")
-    assert start >= 0, stdout[-3000:]
-    result, _ = json.JSONDecoder().raw_decode(stdout[start:])
-    return result
-
-
-def task_results(run: dict[str, Any], name_start: str) -> list[tuple[str, dict[str, Any]]]:
-    """(host, result) of each task whose name starts with name_start; loop items flattened, skips left out."""
-    found = []
-    for play in run["plays"]:
-        for task in play["tasks"]:
-            if task["task"]["name"].split(" : ", 1)[-1].startswith(name_start):  # "role : name"
-                for host, result in task["hosts"].items():
-                    items = result.get("results", [result])
-                    found += [(host, item) for item in items if not item.get("skipped")]
-    return found
-
-
-def changed(run: dict[str, Any]) -> dict[str, int]:
-    return {host: stats["changed"] for host, stats in run["stats"].items()}
+    return playbook(MODELS, *(extra_vars(extra) if extra else ()), timeout=900, json_callback=True)
 
 
 def current(node: str, name: str = GOOD["name"]) -> str:
@@ -110,7 +52,7 @@ def carry_in(directory: Path, name: str, version: str, listing: str) -> dict[str
     publisher.write_text(listing)
     for local, remote in ((publisher, target + ".publisher.json"), (directory, target)):
         copy = subprocess.run(
-            ["podman", "cp", str(local), f"{SOURCE}:{remote}"], env=env(), capture_output=True
+            ["podman", "cp", str(local), f"{SOURCE}:{remote}"], env=env(), capture_output=True, text=True
         )
         assert copy.returncode == 0, copy.stderr
     return {
@@ -122,10 +64,10 @@ def carry_in(directory: Path, name: str, version: str, listing: str) -> dict[str
 
 
 @pytest.fixture(scope="module")
-def converged() -> dict[str, Any]:
+def converged() -> Run:
     """The lab inventory's models synced (make lab did it already when site.yml ran)."""
-    rc, run, output = models_playbook()
-    assert rc == 0, output[-6000:]
+    run = models_playbook()
+    assert run.rc == 0, run.tail()
     return run
 
 
@@ -149,10 +91,10 @@ def test_current_points_at_the_verified_version_on_every_node(converged):
 
 
 def test_second_run_changes_nothing_and_verifies_from_the_cache(converged):
-    rc, run, output = models_playbook()
-    assert rc == 0, output[-6000:]
-    assert changed(run) == dict.fromkeys(NODES, 0), output[-6000:]
-    verified = task_results(run, "Verify against its manifest")
+    run = models_playbook()
+    assert run.rc == 0, run.tail()
+    assert run.changed() == dict.fromkeys(NODES, 0), run.tail()
+    verified = run.task_results("Verify against its manifest")
     assert {host for host, _ in verified} == set(NODES)
     for host, result in verified:
         assert result["matches"], (host, result)
@@ -191,10 +133,10 @@ def test_each_bad_variant_is_refused_naming_gate_and_file(converged, tmp_path):
         )
         models.append(carry_in(directory, f"bad-{variant.replace('_', '-')}", "v1", listing))
 
-    rc, run, _output = models_playbook({"model_sync_models": models})
+    run = models_playbook({"model_sync_models": models})
 
-    assert rc != 0
-    refusal = next(result for _, result in task_results(run, "Fail when the admission refused a model"))
+    assert run.rc != 0
+    refusal = next(result for _, result in run.task_results("Fail when the admission refused a model"))
     lines = refusal["msg"]
     for variant, (gate, filename) in modelgen.EXPECTED_REFUSAL.items():
         line = next(line for line in lines if f"model bad-{variant.replace('_', '-')} version v1" in line)
@@ -213,23 +155,28 @@ def test_a_push_killed_half_way_leaves_current_and_the_next_run_completes_it(con
     second = carry_in(directory, GOOD["name"], "v2", modelgen.publisher_listing(directory, "sha256sum"))
 
     started = time.monotonic()
-    playbook = models_playbook({"model_sync_models": [second], "model_sync_rsync_bwlimit_kbps": 2000}, True)
+    throttled = extra_vars({"model_sync_models": [second], "model_sync_rsync_bwlimit_kbps": 2000})
+    push = background_playbook(MODELS, *throttled)
     try:
         pids: list[str] = []
         # one push per receiving node, in parallel: kill them once both run
-        while time.monotonic() - started < 240 and len(pids) < len(RECEIVERS):
+        while time.monotonic() - started < 240 and len(pids) < len(RECEIVERS) and push.poll() is None:
             pids = on_node(SOURCE, "pgrep -u modelsync -x rsync || true").stdout.split()
             time.sleep(0.5)
-        assert len(pids) >= len(RECEIVERS), f"rsync pushes on the source node: {pids}"
+        if len(pids) < len(RECEIVERS):
+            push.kill()
+            early, _ = push.communicate(timeout=60)
+            pytest.fail(
+                f"rsync pushes on the source node: {pids}; playbook rc {push.returncode}:\n{early[-4000:]}"
+            )
         time.sleep(3)
         on_node(SOURCE, "kill -9 " + " ".join(pids))
-        output, _ = playbook.communicate(timeout=300)
+        output, _ = push.communicate(timeout=300)
     finally:
-        playbook.kill()
-    assert playbook.returncode != 0
-    stopped = [
-        result["msg"] for _, result in task_results(parse(output), "Fail when the push stopped half-way")
-    ]
+        push.kill()
+    assert push.returncode != 0
+    interrupted = Run(push.returncode, output, result=parse_json(output))
+    stopped = [result["msg"] for _, result in interrupted.task_results("Fail when the push stopped half-way")]
     assert stopped and all("stopped" in msg and "qwen2-tiny version v2" in msg for msg in stopped), output[
         -3000:
     ]
@@ -238,15 +185,15 @@ def test_a_push_killed_half_way_leaves_current_and_the_next_run_completes_it(con
         assert current(node) == GOOD["version"], node
         assert on_node(node, f"test -e {ROOT_DIR}/{GOOD['name']}/v2").returncode != 0, node
 
-    rc, run, output = models_playbook({"model_sync_models": [second]})
-    assert rc == 0, output[-6000:]
+    run = models_playbook({"model_sync_models": [second]})
+    assert run.rc == 0, run.tail()
     for node in NODES:
         assert current(node) == "v2", node
     # the second run pushed what was missing and moved the verified copy into place on both receivers
-    assert {host for host, _ in task_results(run, "Move the copy into place")} == set(RECEIVERS)
+    assert {host for host, _ in run.task_results("Move the copy into place")} == set(RECEIVERS)
 
     # back to what the lab inventory lists: v1 is kept (model_sync_keep_versions 2), so it is a switch back
-    rc, _run, output = models_playbook()
-    assert rc == 0, output[-6000:]
+    run = models_playbook()
+    assert run.rc == 0, run.tail()
     for node in NODES:
         assert current(node) == GOOD["version"], node
