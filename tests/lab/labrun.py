@@ -19,6 +19,7 @@ import os
 import re
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,52 @@ def on_node(node: str, command: str, timeout: int = 300) -> subprocess.Completed
 
 def running_nodes() -> list[str]:
     return podman("ps", "--format", "{{.Names}}").stdout.split()
+
+
+AGENT_CORDON = "gpu-health.llm-platform.io/cordon"
+AGENT_HISTORY = "gpu-health.llm-platform.io/history"
+ADMIN_KUBECTL = "kubectl --kubeconfig /etc/kubernetes/admin.conf"
+_AGENT_METRICS = (
+    'python3 -c "import urllib.request; '
+    "print(urllib.request.urlopen('http://127.0.0.1:9445/metrics', timeout=5).read().decode())\""
+)
+
+
+def take_back_agent_cordons(timeout: float = 30) -> list[str]:
+    """After a test has cleared the GPU fault it injected: what an operator does once the GPUs are fine again.
+
+    The GPU health agent (site.yml installs it) cordons a node within a poll of a real fault and never
+    uncordons by itself, so a GPU fault test leaves its node cordoned for every later test. This waits
+    until no node's agent reports its node unhealthy any more (an agent still on its last unhealthy poll may
+    cordon after an early uncordon), then uncordons the nodes the agent cordoned and drops its annotations.
+    A node cordoned without the agent's annotation is someone else's: AssertionError, left as found.
+    Nodes without an agent or without a cluster are left alone. Returns the nodes uncordoned."""
+    if on_node(NODES[0], "test -f /etc/kubernetes/admin.conf", timeout=60).returncode != 0:
+        return []
+    deadline = time.monotonic() + timeout
+    for node in NODES:
+        unhealthy = f'gpu_health_agent_node_verdict{{node="{node}",verdict="unhealthy"}} 1'
+        while True:
+            metrics = on_node(node, _AGENT_METRICS, timeout=30)
+            if metrics.returncode != 0 or unhealthy not in metrics.stdout:
+                break  # no agent on this node, or it no longer sees a fault it would cordon for
+            assert time.monotonic() < deadline, f"{node}: the GPU health agent still reports it unhealthy"
+            time.sleep(1)
+    listed = on_node(NODES[0], f"{ADMIN_KUBECTL} get nodes -o json", timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    taken_back = []
+    for item in json.loads(listed.stdout)["items"]:
+        name = item["metadata"]["name"]
+        if not (item.get("spec") or {}).get("unschedulable"):
+            continue
+        assert AGENT_CORDON in (item["metadata"].get("annotations") or {}), (
+            f"{name} is cordoned (not by the GPU health agent): clear it first"
+        )
+        for args in (f"uncordon {name}", f"annotate node {name} {AGENT_CORDON}- {AGENT_HISTORY}-"):
+            done = on_node(NODES[0], f"{ADMIN_KUBECTL} {args}", timeout=60)
+            assert done.returncode == 0, f"kubectl {args}: {done.stderr}"
+        taken_back.append(name)
+    return taken_back
 
 
 @dataclass

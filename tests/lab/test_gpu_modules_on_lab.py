@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from labrun import take_back_agent_cordons
 
 pytestmark = pytest.mark.lab
 
@@ -118,11 +119,13 @@ def lab() -> Iterator[None]:
 
 @pytest.fixture
 def fresh_state(lab: None) -> Iterator[None]:
-    """Each test starts from, and leaves behind, the state saved at the start of the module."""
+    """Each test starts from, and leaves behind, the state saved at the start of the module: the GPUs as
+    they were and no node left cordoned by the GPU health agent for the fault the test injected."""
     saved = {n: on_node(n, "fake-nvml", "show", "--json").stdout for n in NODES}
     yield
     for node, text in saved.items():
         restore(node, text)
+    take_back_agent_cordons()
 
 
 def test_gpu_facts_reports_four_a100s_per_node(fresh_state: None) -> None:

@@ -432,8 +432,10 @@ def test_fault_not_ready(cluster: Kubectl) -> None:
     lab_fault(node, "not-ready")
     try:
         wait_for(f"{node} NotReady", lambda: ready(cluster.nodes()[node]) == "False", 30)
-        described = cluster.run("get", "nodes").stdout
-        assert any(line.split()[:2] == [node, "NotReady"] for line in described.splitlines())
+        # kubectl's STATUS column: "NotReady", or "NotReady,SchedulingDisabled" on a cordoned node
+        table = cluster.run("get", "nodes").stdout
+        rows = {row.split()[0]: row.split()[1].split(",") for row in table.splitlines()[1:] if row.strip()}
+        assert "NotReady" in rows[node], table
     finally:
         lab_fault(node, "clear", "not-ready")
     wait_for(f"{node} Ready again", lambda: ready(cluster.nodes()[node]) == "True", 30)

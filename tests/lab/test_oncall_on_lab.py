@@ -17,14 +17,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from labrun import NODES, on_node, playbook, podman
+from labrun import AGENT_CORDON, AGENT_HISTORY, NODES, on_node, playbook, podman, take_back_agent_cordons
 
 pytestmark = pytest.mark.lab
 
 CONTROL_PLANE = "gpu-node-1"
 KUBECTL = "kubectl --kubeconfig /etc/kubernetes/admin.conf"
-CORDON = "gpu-health.llm-platform.io/cordon"
-HISTORY = "gpu-health.llm-platform.io/history"
+CORDON = AGENT_CORDON
+HISTORY = AGENT_HISTORY
 HELD_BACK = "gpu-health.llm-platform.io/held-back"
 LEASE = "-n gpu-health lease gpu-health-breaker"
 SAVED = "/root/.test-oncall-gpu-state.json"
@@ -88,14 +88,8 @@ def lab_state() -> Iterator[None]:
     for node in NODES:
         saved = on_node(node, f"fake-nvml show --json > {SAVED}", timeout=60)
         assert saved.returncode == 0, saved.stderr
-    # an earlier lab test that injected a GPU fault (test_gpu_modules_on_lab.py) leaves the agent's cordon
-    # behind: take it back; a cordon without the agent's annotation is someone else's, and stops the test
-    for node in cordoned():
-        assert CORDON in annotations(node), (
-            f"{node} is cordoned (not by the GPU health agent): clear it first"
-        )
-        kubectl(f"uncordon {node}")
-        kubectl(f"annotate node {node} {CORDON}- {HISTORY}-")
+    # a cordon the agent made for a fault an earlier test injected is taken back; anyone else's stops the test
+    take_back_agent_cordons()
     for node in NODES:
         assert "gpu_health_agent_polls_total" in metrics(node), (
             f"{node}: the GPU health agent does not answer"
