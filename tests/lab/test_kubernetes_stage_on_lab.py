@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from labrun import NODES, ROOT, Run, env, on_node, playbook, running_nodes
+from labrun import NODES, ROOT, Run, env, extra_vars, on_node, playbook, running_nodes
 
 pytestmark = pytest.mark.lab
 
@@ -97,6 +98,27 @@ def test_rendered_kubeadm_config_passes_validate_on_the_node() -> None:
     ):
         assert wanted in text, f"{wanted!r} missing from {path}:\n{text}"
     assert on_node("gpu-node-1", "test -s /etc/kubernetes/audit/policy.yaml").returncode == 0
+
+
+def as_operator(command: str) -> subprocess.CompletedProcess[str]:
+    """COMMAND as the lab's operator account `ops` on the control plane, with its own ~/.kube/config."""
+    return on_node("gpu-node-1", f"su - ops -c {shlex.quote(command)}")
+
+
+def test_each_operator_has_a_kubeconfig_of_their_own_and_none_once_unlisted() -> None:
+    # the API (and its audit log) sees the person, not the shared kubernetes-admin
+    who = as_operator("kubectl auth whoami -o json")
+    assert who.returncode == 0, who.stderr
+    assert json.loads(who.stdout)["status"]["userInfo"]["username"] == "ops"
+    assert as_operator("kubectl get nodes -o name").stdout.split() == [f"node/{n}" for n in NODES]
+    try:
+        # taken out of the list: the binding goes; the certificate, still valid, is allowed nothing
+        converged("--limit", "control_plane", *extra_vars({"kubeadm_control_plane_operators": []}))
+        denied = as_operator("kubectl get nodes")
+        assert denied.returncode != 0 and "forbidden" in denied.stderr.lower(), denied
+    finally:
+        converged("--limit", "control_plane")
+    assert as_operator("kubectl get nodes -o name").returncode == 0
 
 
 @pytest.fixture

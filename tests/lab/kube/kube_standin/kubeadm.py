@@ -25,6 +25,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -1805,6 +1806,34 @@ def cmd_config_validate(args: argparse.Namespace) -> None:
     print("ok")
 
 
+def cmd_kubeconfig_user(args: argparse.Namespace) -> None:
+    """`kubeadm kubeconfig user`: a kubeconfig for another user, printed on stdout, nothing written. Its
+    client certificate is signed by the cluster CA under certificatesDir, CN = --client-name, one O per
+    --org, valid for --validity-period; the server is controlPlaneEndpoint or the local API endpoint of
+    the --config file, as real kubeadm takes them."""
+    if not args.client_name:
+        raise KubeadmError('required flag(s) "client-name" not set')
+    if args.token:
+        raise KubeadmError("the lab's kubeadm stand-in issues client certificates only (--token)")
+    docs = read_config(args.config, strict=False) if args.config else {}
+    errors = semantic_errors(docs)
+    if errors:
+        raise KubeadmError("\n".join(errors))
+    s = Settings(args, docs)
+    d = p(s.cert_dir)
+    if not (d / "ca.key").is_file():
+        raise KubeadmError(f"couldn't load the CA to sign the user's certificate: {d / 'ca.key'} missing")
+    hours = duration_hours(args.validity_period, 8760)
+    with tempfile.TemporaryDirectory() as scratch:
+        cert, key = Path(scratch) / "user.crt", Path(scratch) / "user.key"
+        orgs = [o for value in args.org or [] for o in value.split(",") if o]  # a strings flag
+        leaf = pki.Leaf("user", args.client_name, orgs)
+        pki.sign(d / "ca.crt", d / "ca.key", leaf, cert, key, hours, s.algorithm)
+        entry = {"client-certificate-data": b64(cert.read_bytes()), "client-key-data": b64(key.read_bytes())}
+    ca_pem = (d / "ca.crt").read_bytes()
+    print(kubeconfig(s.cluster_name, s.server, ca_pem, args.client_name, entry), end="")
+
+
 def version_info() -> dict[str, str]:
     major, minor, _ = VERSION[1:].split(".")
     return {
@@ -1900,6 +1929,16 @@ def build_parser() -> argparse.ArgumentParser:
     validate = config_sub.add_parser("validate")
     validate.add_argument("--config", required=True)
 
+    kubeconfig_cmd = sub.add_parser("kubeconfig")
+    kubeconfig_sub = kubeconfig_cmd.add_subparsers(dest="kubeconfig_command", required=True)
+    user = kubeconfig_sub.add_parser("user")
+    user.add_argument("--client-name")
+    user.add_argument("--config")
+    user.add_argument("--org", action="append")
+    user.add_argument("--token")
+    user.add_argument("--validity-period", default="8760h0m0s")
+    user.set_defaults(node_name=None, cri_socket=None)
+
     version = sub.add_parser("version")
     version.add_argument("-o", "--output", choices=("short", "json", "yaml"), default=None)
     return parser
@@ -1926,6 +1965,8 @@ def main(argv: list[str] | None = None) -> int:
             cmd_reset(args)
         elif args.command == "config":
             cmd_config_validate(args)
+        elif args.command == "kubeconfig":
+            cmd_kubeconfig_user(args)
         else:
             cmd_version(args)
     except (KubeadmError, pki.PkiError) as exc:

@@ -1,0 +1,117 @@
+"""Operators' own kubeconfigs (roles/kubeadm_control_plane/tasks/operator-kubeconfigs.yml): the lab kubeadm's
+`kubeconfig user` issues what real kubeadm does, and the role's filter tells a personal kubeconfig from the
+admin one, a stale CA or a certificate about to run out. On the lab: test_kubernetes_stage_on_lab.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "lab" / "kube"))
+
+from kube_standin import pki  # noqa: E402 - the stand-in package lives in tests/lab/kube
+
+CONFIG = """\
+apiVersion: kubeadm.k8s.io/v1beta4
+kind: InitConfiguration
+localAPIEndpoint: {advertiseAddress: 10.89.42.11, bindPort: 6443}
+nodeRegistration: {name: gpu-node-1}
+---
+apiVersion: kubeadm.k8s.io/v1beta4
+kind: ClusterConfiguration
+kubernetesVersion: v1.36.3
+"""
+
+
+def identity_filter() -> ModuleType:
+    path = ROOT / "roles/kubeadm_control_plane/filter_plugins/kubeconfig_identity.py"
+    spec = importlib.util.spec_from_file_location("kubeconfig_identity", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def make_ca(root: Path) -> Path:
+    pki_dir = root / "etc/kubernetes/pki"
+    pki_dir.mkdir(parents=True)
+    pki.new_ca(pki_dir / "ca.crt", pki_dir / "ca.key", "kubernetes", 87600, "RSA-2048")
+    return pki_dir / "ca.crt"
+
+
+def kubeadm(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    (root / "kubeadm-config.yaml").write_text(CONFIG)
+    return subprocess.run(
+        [sys.executable, "-m", "kube_standin.kubeadm", "kubeconfig", "user", *args],
+        cwd=ROOT / "tests" / "lab" / "kube",
+        capture_output=True,
+        text=True,
+        env={"KUBE_STANDIN_ROOT": str(root), "PATH": "/usr/bin:/bin"},
+    )
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> tuple[Path, str]:
+    return tmp_path, make_ca(tmp_path).read_text()
+
+
+def test_kubeconfig_user_issues_a_personal_certificate_from_the_cluster_ca(cluster: tuple[Path, str]) -> None:
+    root, ca = cluster
+    config_path = str(root / "kubeadm-config.yaml")
+    made = kubeadm(root, "--config", config_path, "--client-name", "ops", "--validity-period", "48h")
+    assert made.returncode == 0, made.stderr
+    config = yaml.safe_load(made.stdout)
+    assert config["current-context"] == "ops@kubernetes"
+    assert config["users"][0]["name"] == "ops"
+    who = identity_filter().kubeconfig_client_identity(made.stdout, ca)
+    assert who["name"] == "ops" and who["groups"] == []
+    assert who["issued_by_ca"] is True
+    assert who["server"] == "https://10.89.42.11:6443"
+    assert 1.9 < who["days_left"] <= 2.0  # 48 h (the stand-in signs in whole days, as openssl does)
+    assert not (root / "etc/kubernetes/ops.conf").exists()  # printed, nothing written
+
+
+def test_orgs_are_the_certificate_organisations(cluster: tuple[Path, str]) -> None:
+    root, ca = cluster
+    made = kubeadm(root, "--client-name", "ops", "--org", "a,b", "--org", "c")
+    assert made.returncode == 0, made.stderr
+    assert identity_filter().kubeconfig_client_identity(made.stdout, ca)["groups"] == ["a", "b", "c"]
+
+
+def test_a_missing_client_name_or_ca_is_an_error(tmp_path: Path) -> None:
+    assert 'required flag(s) "client-name" not set' in kubeadm(tmp_path).stderr
+    missing = kubeadm(tmp_path, "--client-name", "ops")
+    assert missing.returncode == 1 and "ca.key missing" in missing.stderr
+
+
+def test_the_filter_tells_what_needs_a_new_kubeconfig(cluster: tuple[Path, str], tmp_path_factory) -> None:
+    root, ca = cluster
+    identity = identity_filter().kubeconfig_client_identity
+    admin = kubeadm(root, "--client-name", "kubernetes-admin", "--org", "kubeadm:cluster-admins").stdout
+    assert identity(admin, ca)["name"] == "kubernetes-admin"  # a copy of admin.conf: not the operator's own
+
+    other_root = tmp_path_factory.mktemp("other-cluster")
+    other_ca = make_ca(other_root).read_text()
+    assert identity(admin, other_ca)["issued_by_ca"] is False  # the cluster was re-created since
+    assert identity(admin, "")["issued_by_ca"] is False
+
+    year = kubeadm(root, "--client-name", "ops").stdout
+    in_2099 = identity(year, ca, now="2099-01-01T00:00:00+00:00")
+    assert in_2099["days_left"] < 0  # long expired by then
+
+    for broken in ("", "not: [yaml", "apiVersion: v1\nkind: Config\n", "users: 3"):
+        assert identity(broken, ca) == {
+            "name": "",
+            "groups": [],
+            "not_after": "",
+            "days_left": 0.0,
+            "issued_by_ca": False,
+            "server": "",
+        }
