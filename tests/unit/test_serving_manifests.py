@@ -116,7 +116,15 @@ def test_scraped_by_the_monitoring_job(statefulset: dict[str, Any]) -> None:
     }
 
 
-def run_validate(tmp_path: Path, **variables: Any) -> subprocess.CompletedProcess[str]:
+GPU_NODE_VARS = {"nvidia_driver_branch": "535", "nvidia_driver_expected_gpu_count": 4}
+
+
+def run_validate(
+    tmp_path: Path, gpu_node_vars: dict[str, Any] = GPU_NODE_VARS, **variables: Any
+) -> subprocess.CompletedProcess[str]:
+    """validate.yml on localhost, which is in gpu_nodes with GPU_NODE_VARS (the gpu stage's group vars)."""
+    inventory = {"all": {"children": {"gpu_nodes": {"hosts": {"localhost": None}, "vars": gpu_node_vars}}}}
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
     play = [
         {
             "hosts": "localhost",
@@ -130,7 +138,7 @@ def run_validate(tmp_path: Path, **variables: Any) -> subprocess.CompletedProces
         [
             str(ROOT / ".venv" / "bin" / "ansible-playbook"),
             "-i",
-            "localhost,",
+            str(tmp_path / "hosts.yml"),
             "-c",
             "local",
             str(tmp_path / "play.yml"),
@@ -216,6 +224,22 @@ def test_the_version_defaults_to_the_models_stage_list(tmp_path: Path) -> None:
     canary = {**MODEL, "name": "qwen2-7b-canary", "weights_name": "qwen2-7b", "version": "v8"}
     volumes = render("statefulset.yml.j2", canary)["spec"]["template"]["spec"]["volumes"]
     assert volumes[0]["hostPath"]["path"] == "/models/qwen2-7b/v8"
+
+
+def test_the_nodes_driver_and_gpu_count_come_from_the_gpu_stage(tmp_path: Path) -> None:
+    """One home: the gpu stage's nvidia_driver_branch and nvidia_driver_expected_gpu_count decide."""
+    one_gpu = run_validate(tmp_path, {**GPU_NODE_VARS, "nvidia_driver_expected_gpu_count": 1})
+    out = " ".join(one_gpu.stdout.split())
+    assert one_gpu.returncode != 0  # the entry's default 2 GPUs per replica do not fit a 1-GPU node
+    assert "gpus_per_replica an integer from 1 to vllm_serving_node_gpus (1), got 2" in out, out[-2000:]
+    newer = run_validate(
+        tmp_path, {**GPU_NODE_VARS, "nvidia_driver_branch": "550"}, vllm_serving_image_tag="v0.4.3"
+    )
+    assert newer.returncode == 0, newer.stdout[-2000:]
+    unset = run_validate(tmp_path, {})
+    out = " ".join(unset.stdout.split())
+    assert unset.returncode != 0
+    assert "nvidia_driver_branch and nvidia_driver_expected_gpu_count" in out, out[-2000:]
 
 
 def test_a_newer_driver_admits_the_newer_image(tmp_path: Path) -> None:
