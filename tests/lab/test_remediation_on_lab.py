@@ -267,7 +267,11 @@ def leaky_pod() -> Iterator[tuple[str, str]]:
                     "name": "server",
                     "image": "busybox:1.36",
                     "args": ["serve", "--jwt-secret", JWT_SECRET, "--join", token],
-                    "ports": [{"name": "http", "containerPort": 8000}],
+                    # shaped like the gateway: its internal app (dump_state, metrics) on a port of its own
+                    "ports": [
+                        {"name": "http", "containerPort": 8000},
+                        {"name": "metrics", "containerPort": 9000},
+                    ],
                 }
             ]
         },
@@ -322,11 +326,22 @@ def test_collect_diagnostics_every_item_no_secret(leaky_pod: tuple[str, str], tm
         one(f"nodes/{node}/containerd.journal.txt")
     log = one(f"pods/serving_{pod}_server.log")
     assert "command line: serve --jwt-secret <redacted:secret> --join <redacted:bootstrap-token>" in log
-    # the lab's pods run nothing: their endpoints are in the tarball as not reachable, with the error
+    # the lab's pods run nothing: their endpoints are in the tarball as not reachable, with the error; the
+    # gateway-shaped pod's internal app is asked on its metrics port, each vLLM pod (one port, no
+    # /debug/dump_state) for /metrics and /health
     for endpoint in ("dump_state", "metrics"):
         assert one(f"http/{pod}_{endpoint}.txt").startswith("ERROR: not collected:")
+    vllm = kube_json("get", "pods", "-n", "serving", "-l", "app.kubernetes.io/name=vllm")["items"]
+    assert vllm, "the serving stage's vLLM pods are where the diagnostics look"
+    for name in (item["metadata"]["name"] for item in vllm):
+        for endpoint in ("metrics", "health"):
+            one(f"http/{name}_{endpoint}.txt")
+        assert not [n for n in files if n.endswith(f"http/{name}_dump_state.txt")], f"{name}: no dump_state"
     index = json.loads(one("index.json"))
     items = index["items"]
+    sources = {i["file"]: i["source"] for i in items}  # the URL asked (the lab's pods have IPs)
+    assert sources[f"{pod}_dump_state.txt"].endswith(":9000/debug/dump_state"), sources
+    assert all(sources[f"{i['metadata']['name']}_health.txt"].endswith(":8000/health") for i in vllm), sources
     assert {i["file"] for i in items} >= {
         "nvidia-smi-q.txt",
         "gpu_facts.json",
@@ -341,4 +356,4 @@ def test_collect_diagnostics_every_item_no_secret(leaky_pod: tuple[str, str], tm
         assert item["ok"] or item["error"], item
     for name, text in files.items():
         assert JWT_SECRET not in text, f"the JWT secret is in {name}"
-        assert not TOKEN.search(text), f"a join token is in {name}: {TOKEN.search(text)}"
+        assert not TOKEN.search(text), f"a join token is in {name}"  # not printed: it may be real
