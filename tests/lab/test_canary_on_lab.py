@@ -129,8 +129,14 @@ def http(url: str, timeout: float = 5) -> str | None:
         return None
 
 
+JWT_SECRET = yaml.safe_load((ROOT / "inventories/lab/group_vars/k8s_cluster.yml").read_text())[
+    "llm_gateway_jwt_secret"
+]
+
+
 def rollout(path: str, *extra: str) -> Any:
     run = playbook(path, "-e", f"model={MODEL}", "-e", "model_rollout_ready_timeout_s=120", *extra)
+    assert JWT_SECRET not in run.output, f"{path}: the JWT secret appeared in the output"
     assert run.rc == 0, run.tail()
     return run
 

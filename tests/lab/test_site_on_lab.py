@@ -106,3 +106,9 @@ def test_make_lab_on_the_converged_lab_changes_nothing_and_reports_every_node():
     )
     report = re.findall(line, made.output)
     assert report == ["healthy"] * 3, made.tail(3000)
+    # and the summaries of the Kubernetes and serving stages (flattened: the callback wraps long lines)
+    flat = " ".join(made.output.split())
+    for node in NODES:
+        assert f"{node}: Ready, 4/4 GPUs allocatable, kube-proxy ipvs" in flat, made.tail(3000)
+    assert "model qwen2-tiny (served as qwen2-tiny): 2/2 replicas ready" in flat, made.tail(3000)
+    assert "gateway: http://10.89.42.11:30001 (2/2 pods ready)" in flat, made.tail(3000)
