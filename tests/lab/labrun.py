@@ -120,6 +120,10 @@ class Run:
     def changed(self) -> dict[str, int]:
         return {host: counts["changed"] for host, counts in self.recap.items()}
 
+    def changed_nothing(self) -> bool:
+        """rc 0 and changed=0 on every host: on a converged lab, already the proof of a second run."""
+        return self.rc == 0 and bool(self.recap) and set(self.changed().values()) == {0}
+
     def failed(self) -> dict[str, int]:
         return {host: counts["failed"] for host, counts in self.recap.items()}
 

@@ -90,7 +90,8 @@ def test_objects_exist_in_the_api_as_rendered(first_run: Run) -> None:
 
 def test_second_run_and_check_change_nothing(first_run: Run) -> None:
     assert first_run.rc == 0
-    again = stage()
+    # on the lab make lab converged, the module's first run is a second run already
+    again = first_run if first_run.changed_nothing() else stage()
     assert again.rc == 0 and set(again.changed().values()) == {0}, again.changed_tasks()
     check = stage("--check", "--diff")
     assert check.rc == 0 and set(check.changed().values()) == {0}, check.changed_tasks()
