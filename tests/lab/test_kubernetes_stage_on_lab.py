@@ -143,6 +143,8 @@ def test_a_reset_worker_joins_again_with_limit_workers(reset_worker: str) -> Non
     assert set(run.recap) == {"gpu-node-2", "gpu-node-3"}
     assert run.recap[reset_worker]["changed"] > 0 and run.recap["gpu-node-2"]["changed"] == 0, run.recap
     assert joined(reset_worker)
+    # the JoinConfiguration that carried the token is gone
+    assert on_node(reset_worker, "test -e /run/kubeadm-join.yaml").returncode != 0
     flat = " ".join(run.output.split())
     assert re.search(rf"{reset_worker}: Ready, 4/4 GPUs allocatable", flat), run.tail()
 
