@@ -134,7 +134,7 @@ BAD = {
     ),
     "requests-not-limits": (
         {"vllm_serving_models": [{**MODEL, "resources": {"requests": {"nvidia.com/gpu": 1}}}]},
-        "differ from limits",
+        f"vllm_serving_models[0] ({MODEL['name']}).resources: requests",
     ),
     "vllm-no-digest": ({"vllm_serving_image_digest": ""}, "vllm_serving_image_digest must be"),
     "gateway-no-digest": ({"llm_gateway_image_digest": "v0.1.0"}, "llm_gateway_image_digest must be"),
