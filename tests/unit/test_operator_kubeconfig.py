@@ -5,6 +5,7 @@ admin one, a stale CA or a certificate about to run out. On the lab: test_kubern
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -115,3 +116,36 @@ def test_the_filter_tells_what_needs_a_new_kubeconfig(cluster: tuple[Path, str],
             "issued_by_ca": False,
             "server": "",
         }
+
+
+def test_only_the_bindings_of_operators_no_longer_listed_are_deleted(tmp_path: Path) -> None:
+    """The role's loop over the bindings it labelled, as Ansible renders it."""
+    tasks = yaml.safe_load((ROOT / "roles/kubeadm_control_plane/tasks/operator-kubeconfigs.yml").read_text())
+    (delete,) = [t for t in tasks if t["name"].startswith("Delete the bindings of operators")]
+    bindings = [
+        {"metadata": {"name": f"llm-platform:operator:{who}", "labels": {"llm-platform.io/operator": who}}}
+        for who in ("ops", "alice", "bob")
+    ]
+    play = [
+        {
+            "hosts": "localhost",
+            "gather_facts": False,
+            "vars": {
+                "__kubeadm_control_plane_operator_bindings": {"resources": bindings},
+                "kubeadm_control_plane_operators": ["ops", "carol"],
+            },
+            "tasks": [{"ansible.builtin.debug": {"msg": "deleting {{ item }}"}, "loop": delete["loop"]}],
+        }
+    ]
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
+    run = subprocess.run(
+        [str(ROOT / ".venv/bin/ansible-playbook"), "-i", "localhost,", "-c", "local", "play.yml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "ANSIBLE_NOCOLOR": "1"},
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stdout[-2000:]
+    deleted = sorted(set(re.findall(r'"deleting (\S+)"', run.stdout)))
+    assert deleted == ["llm-platform:operator:alice", "llm-platform:operator:bob"], run.stdout[-2000:]
