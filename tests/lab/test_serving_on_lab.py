@@ -6,8 +6,8 @@ Needs the Kubernetes stage converged (test_site_on_lab.py or `make lab`) and the
 that `labctl.py up` writes. Converges the stage, then proves: the summary has one line per model with its
 ready replicas and the gateway's address; the objects exist in the API as rendered (StatefulSet, Services,
 Deployment, PodDisruptionBudget, ConfigMap, Secret, NetworkPolicies); a second run changes nothing (`--check
---diff`: site.yml's test); the JWT secret never appears in the output; a canary written into ConfigMap llm-
-rollout is rendered into the gateway's configuration by a site run (and rolls its pods) instead of being
+--diff`: site.yml's test); the JWT secret never appears in the output; a canary written into ConfigMap
+llm-rollout is rendered into the gateway's configuration by a site run (and rolls its pods) instead of being
 undone; each bad input is refused in the validation play, before any change, naming the variable.
 """
 
