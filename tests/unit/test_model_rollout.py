@@ -30,7 +30,11 @@ def site(tmp_path: Path) -> Path:
         "all": {
             "children": {
                 "k8s_cluster": {"children": {"control_plane": {"hosts": {"gpu-node-1": local}}}},
-                "gpu_nodes": {"children": {"control_plane": {}}},
+                # the gpu stage's values vllm_serving reads (group_vars/gpu_nodes.yml in an inventory)
+                "gpu_nodes": {
+                    "children": {"control_plane": {}},
+                    "vars": {"nvidia_driver_branch": "535", "nvidia_driver_expected_gpu_count": 4},
+                },
             }
         }
     }
