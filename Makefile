@@ -68,7 +68,8 @@ sanity: venv ## ansible-test's validate-modules on library/ (in a throw-away col
 	$(BIN)/python scripts/validate-modules.py
 
 unit: venv ## unit tests (modules against the fake NVML; the gateway package's own suite)
-	pytest tests/unit
+	# one worker per core (pytest-xdist): each test makes its own files, servers and ports
+	pytest -n auto tests/unit
 	# serve/ is its own package with its own conftest: a separate run
 	if [ -d serve/tests ]; then pytest serve/tests; fi
 
