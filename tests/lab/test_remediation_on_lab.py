@@ -339,7 +339,8 @@ def test_collect_diagnostics_every_item_no_secret(leaky_pod: tuple[str, str], tm
         assert not [n for n in files if n.endswith(f"http/{name}_dump_state.txt")], f"{name}: no dump_state"
     index = json.loads(one("index.json"))
     items = index["items"]
-    sources = {i["file"]: i["source"] for i in items}  # the URL asked (the lab's pods have IPs)
+    # the URL asked, or NAMESPACE/POD:PORT/PATH for a pod without an IP
+    sources = {i["file"]: i["source"] for i in items}
     assert sources[f"{pod}_dump_state.txt"].endswith(":9000/debug/dump_state"), sources
     assert all(sources[f"{i['metadata']['name']}_health.txt"].endswith(":8000/health") for i in vllm), sources
     assert {i["file"] for i in items} >= {
