@@ -32,3 +32,14 @@ def test_every_alert_has_its_section_in_the_docs() -> None:
     )
     missing = [a for a in alerts if a not in sections]
     assert missing == [], f"alerts without a section in docs/serving.md: {missing}"
+
+
+def test_every_alert_links_to_its_own_runbook_section() -> None:
+    """The `runbook` annotation on-call follows from the alert: docs/runbook.md#<alert>, a heading there."""
+    rules = [rule for group in yaml.safe_load(RULES.read_text())["groups"] for rule in group["rules"]]
+    headings = re.findall(r"^### (\S+)$", (ROOT / "docs" / "runbook.md").read_text(), flags=re.MULTILINE)
+    anchors = {heading.lower() for heading in headings}
+    for rule in rules:
+        link = rule["annotations"]["runbook"]
+        assert link == f"docs/runbook.md#{rule['alert'].lower()}", (rule["alert"], link)
+        assert rule["alert"].lower() in anchors, f"docs/runbook.md has no section {rule['alert']}"
