@@ -4,7 +4,9 @@ admin one, a stale CA or a certificate about to run out. On the lab: test_kubern
 
 from __future__ import annotations
 
+import base64
 import importlib.util
+import json
 import re
 import subprocess
 import sys
@@ -86,8 +88,10 @@ def test_orgs_are_the_certificate_organisations(cluster: tuple[Path, str]) -> No
     assert identity_filter().kubeconfig_client_identity(made.stdout, ca)["groups"] == ["a", "b", "c"]
 
 
-def test_a_missing_client_name_or_ca_is_an_error(tmp_path: Path) -> None:
+def test_a_missing_client_name_or_ca_or_a_bad_duration_is_an_error(tmp_path: Path) -> None:
     assert 'required flag(s) "client-name" not set' in kubeadm(tmp_path).stderr
+    bad = kubeadm(tmp_path, "--client-name", "ops", "--validity-period", "8760")
+    assert bad.returncode == 1 and "invalid duration" in bad.stderr
     missing = kubeadm(tmp_path, "--client-name", "ops")
     assert missing.returncode == 1 and "ca.key missing" in missing.stderr
 
@@ -149,3 +153,92 @@ def test_only_the_bindings_of_operators_no_longer_listed_are_deleted(tmp_path: P
     assert run.returncode == 0, run.stdout[-2000:]
     deleted = sorted(set(re.findall(r'"deleting (\S+)"', run.stdout)))
     assert deleted == ["llm-platform:operator:alice", "llm-platform:operator:bob"], run.stdout[-2000:]
+
+
+def test_the_role_decides_who_gets_a_new_kubeconfig_and_says_why(
+    cluster: tuple[Path, str], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The role's decision, rendered by Ansible with the filter, over every case a run can find."""
+    root, ca = cluster
+    other = tmp_path_factory.mktemp("other")
+    make_ca(other)
+    found = {
+        "ok": kubeadm(root, "--client-name", "ok").stdout,
+        "copy": kubeadm(root, "--client-name", "kubernetes-admin", "--org", "kubeadm:cluster-admins").stdout,
+        "stale": kubeadm(other, "--client-name", "stale").stdout,
+        "soon": kubeadm(root, "--client-name", "soon", "--validity-period", "240h").stdout,
+        "grouped": kubeadm(root, "--client-name", "grouped", "--org", "system:masters").stdout,
+        "none": "",
+    }
+    b64 = base64.b64encode
+    results = [
+        {
+            "item": {
+                "item": name,
+                "ansible_facts": {"getent_passwd": {name: ["x", "1", "1", "", f"/home/{name}"]}},
+            },
+            **(
+                {"content": b64(text.encode()).decode()}
+                if text
+                else {"failed": False, "msg": "file not found"}
+            ),
+        }
+        for name, text in found.items()
+    ]
+    tasks = yaml.safe_load((ROOT / "roles/kubeadm_control_plane/tasks/operator-kubeconfigs.yml").read_text())
+    (decide,) = [t for t in tasks if t["name"].startswith("Decide which operators")]
+    play = [
+        {
+            "hosts": "localhost",
+            "gather_facts": False,
+            "vars": {
+                "__kubeadm_control_plane_operator_kubeconfigs": {"results": results},
+                "__kubeadm_control_plane_ca": {"content": b64(ca.encode()).decode()},
+                "__kubeadm_control_plane_admin_conf": {"stat": {"exists": True}},
+                "kubeadm_control_plane_operator_cert_renew_days": 30,
+            },
+            "tasks": [
+                decide,
+                {
+                    "ansible.builtin.copy": {
+                        "content": "{{ __kubeadm_control_plane_operators_to_issue | to_json }}",
+                        "dest": str(tmp_path_factory.getbasetemp() / "decided.json"),
+                    }
+                },
+            ],
+        }
+    ]
+    folder = tmp_path_factory.mktemp("play")
+    (folder / "play.yml").write_text(yaml.safe_dump(play))
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_FILTER_PLUGINS": str(ROOT / "roles/kubeadm_control_plane/filter_plugins"),
+    }
+    run = subprocess.run(
+        [
+            str(ROOT / ".venv/bin/ansible-playbook"),
+            "-i",
+            "localhost,",
+            "-c",
+            "local",
+            "play.yml",
+            "-e",
+            f"ansible_python_interpreter={sys.executable}",
+        ],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stdout[-3000:]
+    decided = {
+        d["name"]: d["why"] for d in json.loads((tmp_path_factory.getbasetemp() / "decided.json").read_text())
+    }
+    assert set(decided) == {"copy", "stale", "soon", "grouped", "none"}, decided  # "ok" keeps its own
+    assert decided["copy"] == "it authenticates as kubernetes-admin, not copy"
+    assert decided["stale"] == "its certificate is not from this cluster CA"
+    assert decided["soon"].startswith("its certificate ends in 10.0 days")
+    assert decided["grouped"].startswith("its certificate carries groups system:masters")
+    assert decided["none"] == "no kubeconfig with a client certificate"

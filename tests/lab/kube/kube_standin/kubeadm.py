@@ -1815,6 +1815,9 @@ def cmd_kubeconfig_user(args: argparse.Namespace) -> None:
         raise KubeadmError('required flag(s) "client-name" not set')
     if args.token:
         raise KubeadmError("the lab's kubeadm stand-in issues client certificates only (--token)")
+    if not re.fullmatch(r"(\d+(\.\d*)?(h|m|s|ms|us|ns))+", args.validity_period or ""):
+        given = args.validity_period
+        raise KubeadmError(f'invalid argument "{given}" for "--validity-period" flag: invalid duration')
     docs = read_config(args.config, strict=False) if args.config else {}
     errors = semantic_errors(docs)
     if errors:
