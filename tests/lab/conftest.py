@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+import labrun
 import pytest
 
 _skipped: list[str] = []
@@ -16,10 +17,26 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         _skipped.append(report.nodeid)
 
 
+_ran_lab_tests: list[str] = []
+
+
+def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    _ran_lab_tests.append(nodeid)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if os.environ.get("LAB_TESTS_REQUIRED") == "1" and _skipped:
         print(f"\nLAB_TESTS_REQUIRED=1 and {len(_skipped)} lab test(s) skipped: " + ", ".join(_skipped))
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if os.environ.get("LAB_TESTS_REQUIRED") == "1" and _ran_lab_tests:
+        # the next user of the lab starts from a cluster whose every node takes work: a test that made
+        # the GPU health agent (or anything else) cordon a node must have taken the cordon back
+        cordoned = labrun.cordoned_nodes()
+        if cordoned:
+            print(f"\nlab: after the tests these nodes are still cordoned: {cordoned}")
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        else:
+            print("\nlab: after the tests every node is schedulable")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

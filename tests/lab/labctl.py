@@ -14,6 +14,7 @@ host's /etc/containers stays untouched. See docs/lab.md.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -30,6 +31,9 @@ REPO = Path(__file__).resolve().parents[2]
 LAB_SRC = REPO / "tests" / "lab"
 STATE = Path(os.environ.get("LAB_STATE_DIR", REPO / ".lab"))
 IMAGE = "localhost/llm-lab-node:bookworm"
+# Plain Debian 12 (its python3 is 3.11), made by the same build: the base of the lab's application images
+# (the gateway), as production builds them on a slim Debian 12 Python image.
+BASE_IMAGE = "localhost/llm-lab-base:bookworm"
 NETWORK = "llmlab"
 SUBNET = "10.89.42.0/24"
 MIRROR_NAME = "lab-mirror"
@@ -78,8 +82,64 @@ def digest(paths: list[Path], extra: str = "") -> str:
     return h.hexdigest()[:16]
 
 
+# The servers run Ubuntu 22.04, whose python3 is 3.10: the nodes' python3 (and every venv the roles make
+# from it) is a CPython 3.10 copied from this machine (a pyenv build, as the build machines carry), so
+# node-side code newer than 3.10 fails on the lab first. LAB_PYTHON310 names its prefix explicitly.
+NODE_PYTHON = "3.10"
+
+
+def find_python310() -> Path | None:
+    """The prefix of a CPython 3.10 on this machine (pyenv's, or LAB_PYTHON310), or None."""
+    candidates: list[Path] = []
+    if os.environ.get("LAB_PYTHON310"):
+        candidates.append(Path(os.environ["LAB_PYTHON310"]))
+    pyenv_root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    candidates += sorted((pyenv_root / "versions").glob(f"{NODE_PYTHON}.*"), reverse=True)
+    for prefix in candidates:
+        python = prefix / "bin" / f"python{NODE_PYTHON}"
+        if not python.is_file():
+            continue
+        probe = subprocess.run(
+            [str(python), "-c",
+             "import sys, ensurepip, venv; print(sys.version_info[:2] == (3, 10), sys.prefix)"],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        fields = probe.stdout.split()
+        if probe.returncode == 0 and fields[:1] == ["True"] and Path(fields[1]) == prefix.resolve():
+            return prefix.resolve()
+    return None
+
+
+@functools.cache
+def node_python() -> tuple[Path | None, str]:
+    """(prefix, version) of the nodes' python3: a 3.10 found here, else the image's own (Debian's 3.11).
+    CI (CI=true) refuses the fallback: node-side code must be proven on 3.10."""
+    prefix = find_python310()
+    if prefix is not None:
+        python = prefix / "bin" / f"python{NODE_PYTHON}"
+        version = subprocess.run(
+            [str(python), "-c", "import platform; print(platform.python_version())"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+        return prefix, version
+    message = (
+        f"no CPython {NODE_PYTHON} on this machine (looked at $LAB_PYTHON310 and "
+        f"~/.pyenv/versions/{NODE_PYTHON}.*): the lab nodes fall back to Debian's Python 3.11, so node-side "
+        f"code is NOT proven on Ubuntu 22.04's 3.10. Install one (`pyenv install {NODE_PYTHON}`), or set "
+        "LAB_PYTHON310=<its prefix>."
+    )
+    if os.environ.get("CI") == "true":
+        raise LabError(message)
+    log(f"WARNING: {message}")
+    return None, "3.11"
+
+
 def image_inputs_hash() -> str:
-    return digest([LAB_SRC / "image" / "build_image.sh", *sorted((LAB_SRC / "image" / "kernel").iterdir())])
+    _, python_version = node_python()
+    return digest(
+        [LAB_SRC / "image" / "build_image.sh", *sorted((LAB_SRC / "image" / "kernel").iterdir())],
+        extra=f"python {python_version}",
+    )
 
 
 def image_label(name: str) -> str | None:
@@ -98,7 +158,13 @@ def ensure_image(rebuild: bool = False) -> None:
     env = dict(
         os.environ, CONTAINERS_CONF=os.environ.get("CONTAINERS_CONF", str(LAB_SRC / "containers.conf"))
     )
-    subprocess.run([str(LAB_SRC / "image" / "build_image.sh"), IMAGE, wanted], check=True, env=env)
+    prefix, python_version = node_python()
+    log(f"the nodes' python3: {python_version}" + (f" (from {prefix})" if prefix else " (Debian's)"))
+    subprocess.run(
+        [str(LAB_SRC / "image" / "build_image.sh"), IMAGE, wanted, str(prefix or ""), BASE_IMAGE],
+        check=True,
+        env=env,
+    )
     # the build it replaced is left untagged: drop it (containers still using it keep it)
     podman("image", "prune", "-f", "--filter", "label=llm-lab.inputs", check=False)
 
@@ -109,9 +175,10 @@ GATEWAY_DIGEST_FILE = STATE / "llm-gateway-image.digest"
 
 
 def ensure_gateway_image() -> None:
-    """The gateway image from serve/Containerfile on the node image (pinned by digest), installing wheels
-    built here; no registry is reachable from the lab. Writes its digest for inventories/lab."""
-    base = podman("image", "inspect", "--format", "{{.Digest}}", IMAGE).stdout.strip()
+    """The gateway image from serve/Containerfile on the lab's plain Debian 12 image (pinned by digest),
+    installing wheels built here; no registry is reachable from the lab. Writes its digest for
+    inventories/lab."""
+    base = podman("image", "inspect", "--format", "{{.Digest}}", BASE_IMAGE).stdout.strip()
     serve = REPO / "serve"
     inputs = [serve / "Containerfile", serve / "pyproject.toml", *sorted((serve / "src").rglob("*.py"))]
     wanted = digest(inputs, extra=base)
@@ -120,7 +187,7 @@ def ensure_gateway_image() -> None:
         "image", "inspect", "--format", f'{{{{ index .Labels "{label}" }}}}', GATEWAY_IMAGE, check=False
     )
     if current.returncode != 0 or current.stdout.strip() != wanted:
-        log(f"building image {GATEWAY_IMAGE} (serve/Containerfile, base {IMAGE}@{base[:19]})")
+        log(f"building image {GATEWAY_IMAGE} (serve/Containerfile, base {BASE_IMAGE}@{base[:19]})")
         wheels = STATE / "gateway-wheels"
         subprocess.run(["rm", "-rf", str(wheels)], check=True)
         built = subprocess.run(
@@ -133,7 +200,8 @@ def ensure_gateway_image() -> None:
             raise LabError(f"pip wheel ./serve failed: {built.stdout[-1500:]}{built.stderr[-1500:]}")
         podman(
             "build", "-q", "-f", str(serve / "Containerfile"), "--label", f"{label}={wanted}",
-            "--build-arg", f"BASE_IMAGE={IMAGE.rsplit(':', 1)[0]}@{base}", "-t", GATEWAY_IMAGE, str(wheels),
+            "--build-arg", f"BASE_IMAGE={BASE_IMAGE.rsplit(':', 1)[0]}@{base}",
+            "-t", GATEWAY_IMAGE, str(wheels),
         )  # fmt: skip
     image_digest = podman("image", "inspect", "--format", "{{.Digest}}", GATEWAY_IMAGE).stdout.strip()
     GATEWAY_DIGEST_FILE.write_text(image_digest + "\n")

@@ -108,6 +108,20 @@ def take_back_agent_cordons(timeout: float = 30) -> list[str]:
     return taken_back
 
 
+def cordoned_nodes() -> dict[str, str]:
+    """The lab cluster's cordoned nodes, each with the annotation saying who cordoned it (or '');
+    {} where the lab has no cluster."""
+    if on_node(NODES[0], "test -f /etc/kubernetes/admin.conf", timeout=60).returncode != 0:
+        return {}
+    listed = on_node(NODES[0], f"{ADMIN_KUBECTL} get nodes -o json", timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    return {
+        item["metadata"]["name"]: (item["metadata"].get("annotations") or {}).get(AGENT_CORDON, "")
+        for item in json.loads(listed.stdout)["items"]
+        if (item.get("spec") or {}).get("unschedulable")
+    }
+
+
 @dataclass
 class Run:
     """One ansible-playbook run: exit status, the PLAY RECAP per host, the whole output."""

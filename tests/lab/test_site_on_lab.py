@@ -81,6 +81,23 @@ def test_pynvml_lists_the_four_simulated_a100s(node):
     assert proc.stdout.strip().count("\n") == 3
 
 
+@pytest.mark.parametrize("node", NODES)
+def test_python3_and_every_venv_the_roles_made_are_python_3_10(node):
+    """Ubuntu 22.04's python3 is 3.10: so is the lab nodes' (labctl.node_python), and every venv the roles
+    made from it (/opt/*: the NVML venv, the model tools, the GPU health agent, the API client), so
+    node-side code newer than 3.10 fails here first."""
+    proc = on_node(
+        node,
+        "echo \"python3 $(python3 -c 'import platform; print(platform.python_version())')\"; "
+        "for cfg in $(find /opt -maxdepth 3 -name pyvenv.cfg); do venv=$(dirname $cfg); "
+        "echo \"$venv $($venv/bin/python -c 'import platform; print(platform.python_version())')\"; done",
+    )
+    assert proc.returncode == 0, proc.stderr
+    versions = dict(line.split() for line in proc.stdout.splitlines())
+    assert len(versions) >= 3, f"python3 and at least the NVML and agent venvs expected: {versions}"
+    assert {where: v for where, v in versions.items() if not v.startswith("3.10.")} == {}, versions
+
+
 def test_apt_policy_shows_the_stand_in_packages_from_the_lab_mirror():
     proc = on_node("gpu-node-1", "apt-cache policy cuda-drivers-535 cuda-toolkit-12-1")
     assert proc.returncode == 0, proc.stderr

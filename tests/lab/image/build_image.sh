@@ -2,14 +2,19 @@
 # Build the lab node image: Debian 12 (bookworm) with systemd, sshd, sudo and python3,
 # standing in for a bare Ubuntu 22.04 server.
 #
-#   tests/lab/image/build_image.sh IMAGE_TAG INPUTS_HASH
+#   tests/lab/image/build_image.sh IMAGE_TAG INPUTS_HASH [PYTHON310_PREFIX] [BASE_TAG]
 #
-# debootstrap (about 60 s from the Debian mirror) -> customise the tree -> podman import.
+# debootstrap (about 60 s from the Debian mirror) -> BASE_TAG (plain Debian 12 with its python3 3.11: the
+# base of the lab's application images) -> customise the tree -> podman import as IMAGE_TAG.
 # The image carries the label llm-lab.inputs=<hash> so lab.sh knows when it is stale.
+# PYTHON310_PREFIX: a CPython 3.10 (labctl.py finds pyenv's) that becomes the
+# node's python3, as on Ubuntu 22.04; empty: the node keeps Debian's 3.11 (labctl.py says so loudly).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 tag=${1:?image tag}
 inputs_hash=${2:?inputs hash}
+python310=${3:-}
+base_tag=${4:-}
 mirror=${LAB_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 work=$(mktemp -d /var/tmp/llm-lab-rootfs.XXXXXX)
 trap 'rm -rf "$work"' EXIT
@@ -33,6 +38,65 @@ debootstrap --variant=minbase --include="$(IFS=,; echo "${packages[*]}")" \
   echo "lab-image: debootstrap failed (full log above); is $mirror reachable?" >&2
   exit 1
 }
+
+if [ -n "$base_tag" ]; then
+  echo "lab-image: importing the plain Debian 12 tree as $base_tag"
+  tar -C "$root" -c . | podman import --quiet --change "LABEL llm-lab.inputs=$inputs_hash" - "$base_tag" >/dev/null
+fi
+
+# Build-time-only Debian sources (the finished node has none): python-apt's source for the node's 3.10,
+# and bullseye's rsync for the rrsync layout of Ubuntu 22.04 (below).
+build_sources=$root/etc/apt/sources.list.d/lab-build.list
+cp /etc/resolv.conf "$root/etc/resolv.conf"
+printf '%s\n' "deb-src $mirror bookworm main" "deb $mirror bullseye main" >"$build_sources"
+chroot "$root" apt-get -qq -o APT::Default-Release=bookworm update
+
+if [ -n "$python310" ]; then
+  py_version=$("$python310/bin/python3.10" -c 'import platform; print(platform.python_version())')
+  echo "lab-image: CPython $py_version from $python310 as the node's python3 (Ubuntu 22.04's is 3.10)"
+  # the interpreter, its standard library and headers; not its test suite, static library or the
+  # packages pip put into this machine's copy
+  tar -C "$python310" --exclude='lib/python3.10/test' --exclude='lib/python3.10/site-packages/*' \
+    --exclude='lib/python3.10/config-3.10-x86_64-linux-gnu/*.a' -cf - bin/python3.10 lib include |
+    tar -C "$root/usr/local" -xf -
+  chroot "$root" ldconfig
+  # /usr/bin/python3 (Debian's points at 3.11) is the node's 3.10, the interpreter both inventories name;
+  # Debian's 3.11 stays as /usr/bin/python3.11.
+  chroot "$root" dpkg-divert --local --rename --divert /usr/bin/python3.debian --add /usr/bin/python3 >/dev/null
+  ln -sf /usr/local/bin/python3.10 "$root/usr/bin/python3.10"
+  ln -sf python3.10 "$root/usr/bin/python3"
+  # Ubuntu's 3.10 reads the Debian packages' modules from /usr/lib/python3/dist-packages: so does this one
+  echo /usr/lib/python3/dist-packages >"$root/usr/local/lib/python3.10/site-packages/00-debian-dist-packages.pth"
+  # python3-apt (the apt modules' binding) is built for Debian's 3.11: build its extensions for 3.10 from
+  # the same source version, as Ubuntu 22.04's python3-apt is built for its 3.10
+  apt_version=$(chroot "$root" dpkg-query -W -f='${Version}' python3-apt)
+  echo "lab-image: building python-apt $apt_version for Python 3.10"
+  chroot "$root" apt-get -qq -o APT::Default-Release=bookworm install --no-install-recommends \
+    g++ libapt-pkg-dev dpkg-dev >/dev/null
+  chroot "$root" sh -ec "
+    mkdir -p /tmp/python-apt && cd /tmp/python-apt
+    apt-get -qq source --download-only python-apt=$apt_version >/dev/null
+    dpkg-source -x --no-check python-apt_*.dsc src >/dev/null
+    /usr/local/bin/python3.10 -m venv /tmp/python-apt/venv
+    cd src && DEBVER=$apt_version /tmp/python-apt/venv/bin/python setup.py -q build_ext >/dev/null 2>&1
+    cp build/lib.*/apt_pkg.cpython-310-*.so build/lib.*/apt_inst.cpython-310-*.so /usr/lib/python3/dist-packages/
+    cd / && rm -rf /tmp/python-apt"
+  chroot "$root" apt-get -qq purge g++ libapt-pkg-dev dpkg-dev >/dev/null
+  chroot "$root" apt-get -qq autoremove --purge >/dev/null
+  chroot "$root" python3 -c 'import sys, apt, apt_pkg, debian.deb822; assert sys.version_info[:2] == (3, 10)'
+fi
+
+# Ubuntu 22.04's rsync 3.2.3 ships rrsync only as a compressed documentation copy (newer builds install
+# /usr/bin/rrsync): the node gets that layout, with bullseye's rsync 3.2.3 script (the same release).
+chroot "$root" sh -ec '
+  cd /tmp && apt-get -qq download rsync/bullseye >/dev/null 2>&1
+  mkdir -p /tmp/rsync-3.2.3 && dpkg-deb -x rsync_3.2.3*.deb /tmp/rsync-3.2.3
+  mkdir -p /usr/lib/lab
+  dpkg-divert --local --rename --divert /usr/lib/lab/rrsync.bookworm --add /usr/bin/rrsync >/dev/null
+  mkdir -p /usr/share/doc/rsync/scripts
+  gzip -9n </tmp/rsync-3.2.3/usr/share/rsync/scripts/rrsync >/usr/share/doc/rsync/scripts/rrsync.gz
+  rm -rf /tmp/rsync-3.2.3 /tmp/rsync_*.deb'
+rm -f "$build_sources"
 
 echo "lab-image: customising the tree"
 # No Debian source: the nodes only see the lab mirror, which the roles configure.
@@ -68,6 +132,8 @@ kernel=$here/kernel
 install -m 0755 "$kernel/modprobe" "$kernel/sysctl" "$kernel/lab-modules-load" "$root/usr/local/sbin/"
 install -D -m 0644 "$kernel/modules.available" "$root/usr/local/lib/lab-kmod/modules.available"
 install -m 0644 "$kernel/lab_proc_modules.py" "$kernel/lab-proc-modules.pth" "$root/usr/lib/python3/dist-packages/"
+# .pth files run only from a site directory: the 3.10's too
+if [ -n "$python310" ]; then install -m 0644 "$kernel/lab-proc-modules.pth" "$root/usr/local/lib/python3.10/site-packages/"; fi
 install -m 0644 "$kernel/lab-modules-load.service" "$root/etc/systemd/system/"
 chroot "$root" systemctl enable lab-modules-load.service >/dev/null 2>&1
 # No ip_vs in this kernel: Debian's ipvsadm is diverted and the stand-in lists the table the

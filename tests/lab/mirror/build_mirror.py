@@ -330,7 +330,8 @@ def all_packages(spec: dict, cache: Path) -> list[Package]:
                 files.update(
                     {f"/usr/lib/kube-standin/{tool}/{rel}": (text, 0o644) for rel, text in standin.items()}
                 )
-                depends = ["python3 (>= 3.11)", "python3-yaml", "openssl"]
+                # the stand-ins need 3.11 (Debian's, beside the node's python3 3.10)
+                depends = ["python3.11", "python3-yaml", "openssl"]
             if tool == "kubelet":
                 files["/lib/systemd/system/kubelet.service"] = (payload("kubelet.service"), 0o644)
                 files["/usr/bin/kube-standin-fault"] = (payload("kube-standin-fault"), 0o755)

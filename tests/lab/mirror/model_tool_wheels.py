@@ -1,8 +1,9 @@
 """The model tools' wheels and the kubernetes.core modules' Python client for the lab mirror's PEP 503
 index (air-gapped lab nodes, like a site without PyPI): the pinned requirements of
 module_utils/model_tools.py (their one home), the kubernetes client pinned by roles/kubernetes_api_client,
-and every dependency, for the nodes' CPython 3.11 on x86_64, downloaded with pip on the host once per set
-of pins and cached in CACHE/<hash of the pins>/."""
+and every dependency, for the nodes' CPython on x86_64 (3.10 as on Ubuntu 22.04; 3.11 for a lab that fell back
+to Debian's, labctl.py), downloaded with pip on the host once per set of pins and cached in
+CACHE/<hash of the pins>/."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from pathlib import Path
 MODEL_TOOLS = Path(__file__).resolve().parents[3] / "module_utils" / "model_tools.py"
 # manylinux tags a Debian 12 / Ubuntu 22.04 node (glibc 2.35+) installs
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "linux_x86_64")
+# the nodes' python3: 3.10 (Ubuntu 22.04's), or Debian's 3.11 where no 3.10 was found (labctl.node_python)
+PYTHON_VERSIONS = ("3.10", "3.11")
 
 
 def pinned_requirements() -> list[str]:
@@ -44,18 +47,20 @@ def kubernetes_client_requirement() -> str:
 
 def download(cache: Path, requirements: list[str] | None = None) -> list[Path]:
     requirements = requirements if requirements is not None else pinned_requirements()
-    target = cache / hashlib.sha256("\n".join(requirements).encode()).hexdigest()[:16]
+    key = "\n".join([*requirements, *PYTHON_VERSIONS])
+    target = cache / hashlib.sha256(key.encode()).hexdigest()[:16]
     if not (target / ".complete").is_file():
         shutil.rmtree(target, ignore_errors=True)
         target.mkdir(parents=True)
         print(f"lab-mirror: downloading the model tools' wheels ({' '.join(requirements)}) into {target}")
         platforms = [arg for tag in PLATFORMS for arg in ("--platform", tag)]
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
-             "--only-binary=:all:", "--implementation", "cp", "--python-version", "3.11",
-             *platforms, "--dest", str(target), *requirements],
-            check=True,
-        )  # fmt: skip
+        for python_version in PYTHON_VERSIONS:
+            subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+                 "--only-binary=:all:", "--implementation", "cp", "--python-version", python_version,
+                 *platforms, "--dest", str(target), *requirements],
+                check=True,
+            )  # fmt: skip
         (target / ".complete").write_text("\n".join(requirements) + "\n")
     return sorted(target.glob("*.whl"))
 
