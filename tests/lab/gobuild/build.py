@@ -1,0 +1,411 @@
+#!/usr/bin/env python3
+"""Build the lab's real components from their upstream Go modules, at the versions production pins.
+
+    build.py [COMPONENT...]          build (or reuse) every component, or those named; print each binary
+    build.py --update [COMPONENT...] rewrite a component's go.mod/go.sum from its pin (needs the Go proxy)
+    build.py --list                  the components, their modules and versions
+
+Each component is a directory here holding a go.mod (and go.sum) of our own that requires the upstream
+module at its pinned version and declares the upstream commands as `tool`s; nothing of upstream is copied
+into the repository, and no binary is committed. `go build` of those packages, with the flags upstream's
+release builds use (version variables, CGO as upstream builds it), writes the binaries into
+$LAB_GO_CACHE/<component>/<key>/ (default ~/.cache/llm-lab/go, outside the work tree so that a fresh clone
+reuses them), where <key> hashes the go.mod, the go.sum, the build flags and the Go version: a rebuild
+happens only when a pin changes. `go version -m BINARY` shows the upstream module and its version.
+
+Where the versions come from (their one home each, checked here against go.mod before anything builds):
+- kubernetes: roles/kubernetes/defaults/main.yml kubernetes_version;
+- containerd: roles/containerd/defaults/main.yml containerd_version; runc: the release that containerd
+  tag is tested with (its script/setup/runc-version);
+- etcd and CoreDNS: the versions kubeadm of that Kubernetes release deploys (its constants.go);
+- cri-tools and the CNI plugins: tests/lab/mirror/packages.yml (what pkgs.k8s.io publishes with that minor);
+- Prometheus and Alertmanager: roles/monitoring/defaults/main.yml image tags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[2]
+CACHE = Path(os.environ.get("LAB_GO_CACHE", Path.home() / ".cache" / "llm-lab" / "go"))
+
+
+def log(message: str) -> None:
+    print(f"lab-go: {message}", flush=True)
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+def role_default(role: str, variable: str) -> str:
+    defaults = yaml.safe_load((REPO / "roles" / role / "defaults" / "main.yml").read_text())
+    return str(defaults[variable])
+
+
+def mirror_version(key: str) -> str:
+    """An upstream version from tests/lab/mirror/packages.yml's kubernetes package versions (1.7.1-1.1 -> 1.7.1)."""
+    packages = yaml.safe_load((REPO / "tests" / "lab" / "mirror" / "packages.yml").read_text())
+    return str(packages["kubernetes"][key]).split("-")[0]
+
+
+def image_tag(role: str, variable: str) -> str:
+    return role_default(role, variable).rsplit(":", 1)[1]
+
+
+def module_dir(module: str, version: str) -> Path:
+    """The module's extracted source in the module cache (downloaded first if needed)."""
+    found = subprocess.run(
+        ["go", "mod", "download", "-json", f"{module}@{version}"], capture_output=True, text=True, check=False
+    )
+    info = json.loads(found.stdout or "{}")
+    if found.returncode != 0 or "Dir" not in info:
+        raise BuildError(f"go mod download {module}@{version}: {info.get('Error') or found.stderr.strip()}")
+    return Path(info["Dir"])
+
+
+def kubeadm_constant(name: str) -> str:
+    """A constant of kubeadm's constants.go at the pinned Kubernetes version (etcd, CoreDNS, pause)."""
+    source = module_dir("k8s.io/kubernetes", "v" + role_default("kubernetes", "kubernetes_version"))
+    text = (source / "cmd" / "kubeadm" / "app" / "constants" / "constants.go").read_text()
+    match = re.search(rf'^\s*{name}\s*=\s*"([^"]+)"', text, re.MULTILINE)
+    if not match:
+        raise BuildError(f"kubeadm's constants.go has no {name}")
+    return match[1]
+
+
+def containerd_runc_version() -> str:
+    source = module_dir("github.com/containerd/containerd/v2", "v" + role_default("containerd", "containerd_version"))
+    return (source / "script" / "setup" / "runc-version").read_text().strip()
+
+
+def k8s_ldflags(version: str) -> list[str]:
+    major, minor = version.lstrip("v").split(".")[:2]
+    flags = []
+    for package in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        flags += [
+            f"-X {package}.gitVersion={version}",
+            f"-X {package}.gitMajor={major}",
+            f"-X {package}.gitMinor={minor}",
+            f"-X {package}.gitTreeState=clean",
+        ]
+    return flags
+
+
+def prometheus_ldflags(version: str) -> list[str]:
+    base = "github.com/prometheus/common/version"
+    return [f"-X {base}.Version={version.lstrip('v')}", f"-X {base}.Branch=HEAD", f"-X {base}.BuildUser=llm-lab"]
+
+
+@dataclass(frozen=True)
+class Component:
+    """One upstream module and the commands built from it."""
+
+    name: str  # the directory here
+    module: str  # the upstream module go.mod requires
+    pin: Callable[[], str]  # its version, from the version's home
+    commands: tuple[str, ...]  # import paths of the main packages built
+    ldflags: Callable[[str], list[str]] = lambda _version: []
+    cgo: bool = False
+    tags: tuple[str, ...] = ()
+    # replace lines our go.mod needs: upstream's own module replaces its sibling modules with local paths
+    # (ignored in a dependency), so they point at the same release instead; and upstream's replacements
+    # of third-party modules, which its release builds use
+    replaces: Callable[[str], dict[str, str]] = lambda _version: {}
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+def k8s_staging_replaces(version: str) -> dict[str, str]:
+    """k8s.io/kubernetes replaces its staging modules (k8s.io/api, ...) with ./staging: their v0.MINOR.PATCH."""
+    source = module_dir("k8s.io/kubernetes", version)
+    gomod = (source / "go.mod").read_text()
+    staging = re.findall(r"^\s*(k8s\.io/[\w.-]+) => \./staging/", gomod, re.MULTILINE)
+    release = "v0." + ".".join(version.lstrip("v").split(".")[1:])
+    return {module: f"{module} {release}" for module in staging}
+
+
+def etcd_sibling_replaces(version: str) -> dict[str, str]:
+    source = module_dir("go.etcd.io/etcd/v3", version)
+    gomod = (source / "go.mod").read_text()
+    siblings = re.findall(r"^\s*(go\.etcd\.io/etcd/[\w/.-]+) => \./", gomod, re.MULTILINE)
+    return {module: f"{module} {version}" for module in siblings}
+
+
+def upstream_third_party_replaces(module: str) -> Callable[[str], dict[str, str]]:
+    def replaces(version: str) -> dict[str, str]:
+        gomod = (module_dir(module, version) / "go.mod").read_text()
+        found = re.findall(r"^\s*(\S+) => (\S+ v\S+)\s*$", gomod, re.MULTILINE)
+        return dict(found)
+
+    return replaces
+
+
+KUBERNETES_COMMANDS = tuple(
+    f"k8s.io/kubernetes/cmd/{name}"
+    for name in (
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+        "kube-proxy",
+        "kubelet",
+        "kubeadm",
+        "kubectl",
+    )
+)
+CNI_PLUGINS = (
+    "main/bridge",
+    "main/host-device",
+    "main/ipvlan",
+    "main/loopback",
+    "main/macvlan",
+    "main/ptp",
+    "main/vlan",
+    "ipam/host-local",
+    "ipam/static",
+    "meta/bandwidth",
+    "meta/firewall",
+    "meta/portmap",
+    "meta/sbr",
+    "meta/tuning",
+)
+
+COMPONENTS = (
+    Component(
+        "kubernetes",
+        "k8s.io/kubernetes",
+        lambda: "v" + role_default("kubernetes", "kubernetes_version"),
+        KUBERNETES_COMMANDS,
+        ldflags=k8s_ldflags,
+        replaces=k8s_staging_replaces,
+    ),
+    Component(
+        "etcd",
+        "go.etcd.io/etcd/v3",
+        lambda: "v" + kubeadm_constant("DefaultEtcdVersion").split("-")[0],
+        ("go.etcd.io/etcd/v3", "go.etcd.io/etcd/etcdctl/v3", "go.etcd.io/etcd/etcdutl/v3"),
+        replaces=etcd_sibling_replaces,
+    ),
+    Component(
+        "coredns",
+        "github.com/coredns/coredns",
+        lambda: kubeadm_constant("CoreDNSVersion"),
+        ("github.com/coredns/coredns",),
+        ldflags=lambda version: [f"-X github.com/coredns/coredns/coremain.GitCommit={version}"],
+    ),
+    Component(
+        "containerd",
+        "github.com/containerd/containerd/v2",
+        lambda: "v" + role_default("containerd", "containerd_version"),
+        tuple(
+            f"github.com/containerd/containerd/v2/cmd/{name}"
+            for name in ("containerd", "containerd-shim-runc-v2", "ctr")
+        ),
+        ldflags=lambda version: [
+            f"-X github.com/containerd/containerd/v2/version.Version={version}",
+            "-X github.com/containerd/containerd/v2/version.Package=github.com/containerd/containerd/v2",
+        ],
+        tags=("no_btrfs", "no_devmapper"),
+    ),
+    Component(
+        "runc",
+        "github.com/opencontainers/runc",
+        containerd_runc_version,
+        ("github.com/opencontainers/runc",),
+        ldflags=lambda version: [f"-X main.version={version.lstrip('v')}"],
+        cgo=True,  # nsenter is C; seccomp links libseccomp, as upstream's release does
+        tags=("seccomp",),
+    ),
+    Component(
+        "cri-tools",
+        "sigs.k8s.io/cri-tools",
+        lambda: "v" + mirror_version("cri_tools"),
+        ("sigs.k8s.io/cri-tools/cmd/crictl",),
+        ldflags=lambda version: [f"-X sigs.k8s.io/cri-tools/pkg/version.Version={version}"],
+    ),
+    Component(
+        "cni-plugins",
+        "github.com/containernetworking/plugins",
+        lambda: "v" + mirror_version("cni"),
+        tuple(f"github.com/containernetworking/plugins/plugins/{name}" for name in CNI_PLUGINS),
+        ldflags=lambda version: [
+            f"-X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion={version}"
+        ],
+    ),
+    Component(
+        "prometheus",
+        "github.com/prometheus/prometheus",
+        # Prometheus 2.x tags its Go module v0.MINOR.PATCH (v2.53.0 is module v0.53.0)
+        lambda: "v0." + ".".join(image_tag("monitoring", "monitoring_prometheus_image").lstrip("v").split(".")[1:]),
+        ("github.com/prometheus/prometheus/cmd/prometheus", "github.com/prometheus/prometheus/cmd/promtool"),
+        ldflags=lambda version: prometheus_ldflags("2." + version.split(".", 1)[1]),
+        replaces=upstream_third_party_replaces("github.com/prometheus/prometheus"),
+    ),
+    Component(
+        "alertmanager",
+        "github.com/prometheus/alertmanager",
+        lambda: image_tag("monitoring", "monitoring_alertmanager_image"),
+        ("github.com/prometheus/alertmanager/cmd/alertmanager", "github.com/prometheus/alertmanager/cmd/amtool"),
+        ldflags=prometheus_ldflags,
+    ),
+    Component(
+        "registry",
+        "github.com/distribution/distribution/v3",
+        lambda: "v3.0.0",  # the lab's own OCI registry (not a production component): its pin lives here
+        ("github.com/distribution/distribution/v3/cmd/registry",),
+        ldflags=lambda version: [f"-X github.com/distribution/distribution/v3/version.version={version}"],
+    ),
+    Component(
+        "kube-router",
+        "github.com/cloudnativelabs/kube-router/v2",
+        # the lab's pod network and NetworkPolicy data plane (docs/lab.md: Calico's own components cannot be
+        # built here); v2.1.0 is the release the Go proxy serves
+        lambda: "v2.1.0",
+        ("github.com/cloudnativelabs/kube-router/v2/cmd/kube-router",),
+        ldflags=lambda version: [f"-X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version={version}"],
+    ),
+)
+BY_NAME = {component.name: component for component in COMPONENTS}
+
+
+def go(*args: str, cwd: Path, cgo: bool = False, mod: str = "readonly") -> subprocess.CompletedProcess[str]:
+    """go ARGS in CWD: the local toolchain, go.mod read-only unless updating, CGO only where upstream uses it."""
+    env = {**os.environ, "GOFLAGS": f"-mod={mod} -buildvcs=false", "GOTOOLCHAIN": "local", "CGO_ENABLED": str(int(cgo))}
+    return subprocess.run(["go", *args], cwd=cwd, env=env, capture_output=True, text=True, check=False)
+
+
+def go_version() -> str:
+    return subprocess.run(["go", "env", "GOVERSION"], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def required_version(component: Component) -> str:
+    gomod = (HERE / component.name / "go.mod").read_text()
+    match = re.search(rf"^\s*(?:require\s+)?{re.escape(component.module)} (v\S+)", gomod, re.MULTILINE)
+    if not match:
+        raise BuildError(f"{component.name}/go.mod does not require {component.module}: run build.py --update")
+    return match[1]
+
+
+def check_pin(component: Component) -> str:
+    """go.mod's version of the module, refused unless it is the pin's (its home named)."""
+    pinned, required = component.pin(), required_version(component)
+    if pinned != required:
+        raise BuildError(
+            f"{component.name}: go.mod requires {component.module} {required} but the pin is {pinned}: "
+            f"run `tests/lab/gobuild/build.py --update {component.name}` (needs the Go module proxy)"
+        )
+    return required
+
+
+def update(component: Component) -> None:
+    """Rewrite go.mod/go.sum: the pinned module, its replace lines, the commands as tools."""
+    version = component.pin()
+    directory = HERE / component.name
+    directory.mkdir(exist_ok=True)
+    replaces = component.replaces(version)
+    lines = [f"module lab.local/gobuild/{component.name}", "", f"go {go_version().removeprefix('go')}", ""]
+    if replaces:
+        lines += ["replace (", *(f"\t{module} => {target}" for module, target in sorted(replaces.items())), ")", ""]
+    (directory / "go.mod").write_text("\n".join(lines))
+    (directory / "go.sum").unlink(missing_ok=True)
+    log(f"{component.name}: go get -tool {component.module}@{version} ({len(component.commands)} commands)")
+    for command in component.commands:
+        got = go("get", "-tool", f"{command}@{version}", cwd=directory, mod="mod")
+        if got.returncode != 0:
+            raise BuildError(f"{component.name}: go get -tool {command}@{version}: {got.stderr.strip()[-2000:]}")
+    tidy = go("mod", "tidy", cwd=directory, mod="mod")
+    if tidy.returncode != 0:
+        raise BuildError(f"{component.name}: go mod tidy: {tidy.stderr.strip()[-2000:]}")
+
+
+def build_key(component: Component, version: str) -> str:
+    directory = HERE / component.name
+    h = hashlib.sha256()
+    for name in ("go.mod", "go.sum"):
+        h.update((directory / name).read_bytes())
+    spec = {
+        "commands": component.commands,
+        "ldflags": component.ldflags(version),
+        "cgo": component.cgo,
+        "tags": component.tags,
+        "go": go_version(),
+    }
+    h.update(json.dumps(spec, sort_keys=True).encode())
+    return h.hexdigest()[:16]
+
+
+def output_dir(component: Component) -> Path:
+    version = required_version(component)
+    return CACHE / component.name / f"{version}-{build_key(component, version)}"
+
+
+def build(component: Component) -> Path:
+    """The directory holding the component's binaries, built unless the cache has them."""
+    version = check_pin(component)
+    target = output_dir(component)
+    if (target / ".complete").is_file():
+        return target
+    staging = target.with_name(target.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    flags = ["-trimpath", "-ldflags", " ".join(["-s", "-w", *component.ldflags(version)])]
+    if component.tags:
+        flags += ["-tags", ",".join(component.tags)]
+    log(f"{component.name}: building {component.module} {version} ({len(component.commands)} commands)")
+    started = time.monotonic()
+    built = go("build", *flags, "-o", str(staging) + "/", *component.commands, cwd=HERE / component.name,
+               cgo=component.cgo)  # fmt: skip
+    if built.returncode != 0:
+        raise BuildError(f"{component.name}: go build failed:\n{built.stderr.strip()[-4000:]}")
+    for binary in sorted(staging.iterdir()):
+        shown = subprocess.run(["go", "version", "-m", str(binary)], capture_output=True, text=True, check=True)
+        if f"{component.module}\t{version}" not in shown.stdout.replace(" ", "\t"):
+            raise BuildError(f"{binary.name}: go version -m does not name {component.module} {version}")
+    (staging / ".complete").write_text(f"{component.module} {version} {go_version()}\n")
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    log(f"{component.name}: built in {time.monotonic() - started:.0f}s -> {target}")
+    return target
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("components", nargs="*", help=f"some of: {' '.join(BY_NAME)}")
+    parser.add_argument("--update", action="store_true", help="rewrite go.mod/go.sum from the pins")
+    parser.add_argument("--list", action="store_true", help="the components and their pins")
+    args = parser.parse_args()
+    unknown = [name for name in args.components if name not in BY_NAME]
+    if unknown:
+        parser.error(f"unknown component(s) {' '.join(unknown)}; known: {' '.join(BY_NAME)}")
+    chosen = [BY_NAME[name] for name in args.components] or list(COMPONENTS)
+    try:
+        if shutil.which("go") is None:
+            raise BuildError("no `go` on PATH: the lab builds its Kubernetes from Go modules (Go 1.26)")
+        for component in chosen:
+            if args.list:
+                print(f"{component.name}\t{component.module}\t{required_version(component)}")
+            elif args.update:
+                update(component)
+            else:
+                print(build(component))
+    except BuildError as err:
+        print(f"lab-go: ERROR: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
