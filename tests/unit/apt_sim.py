@@ -57,7 +57,9 @@ class Result:
 
 
 class AptSim:
-    def __init__(self, root: Path, *repos: Path) -> None:
+    def __init__(self, root: Path, *repos: Path, installed: dict[str, str] | None = None) -> None:
+        """installed: packages the simulated node has already (name -> version), e.g. the distribution's
+        python3 a stand-in depends on; written as installed in the private dpkg status."""
         self.root = root
         for sub in (
             "etc/preferences.d",
@@ -66,7 +68,13 @@ class AptSim:
             "cache/archives/partial",
         ):
             (root / sub).mkdir(parents=True, exist_ok=True)
-        (root / "state" / "status").write_text("")
+        (root / "state" / "status").write_text(
+            "".join(
+                f"Package: {name}\nStatus: install ok installed\nVersion: {version}\nArchitecture: amd64\n"
+                "Maintainer: none\nDescription: installed before the test\n\n"
+                for name, version in (installed or {}).items()
+            )
+        )
         (root / "etc" / "sources.list").write_text(
             "".join(f"deb [trusted=yes] file:{repo} ./\n" for repo in repos)
         )

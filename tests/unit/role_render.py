@@ -47,6 +47,10 @@ class RoleVars:
     def __getitem__(self, name: str) -> Any:
         return self.templar.template(trust_as_template("{{ " + name + " }}"))
 
+    def template(self, value: Any) -> Any:
+        """A value from one of the role's task files (a module argument, a loop), templated."""
+        return self.templar.template(_trusted(value))
+
     def render_template(self, name: str) -> str:
         """templates/<name> with the template module's defaults (trim_blocks on)."""
         text = (self.role_dir / "templates" / name).read_text()
