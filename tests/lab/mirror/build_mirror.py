@@ -29,6 +29,9 @@ import model_tool_wheels  # beside this file: the model tools' real wheels for t
 import yaml
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(1, str(HERE.parent))  # tests/lab: upstream_manifests
+import upstream_manifests  # noqa: E402
+
 FAKE_NVML_DIR = HERE.parent / "fake_nvml"
 PAYLOADS = HERE / "payloads"
 GPG_UID = "LLM Lab Mirror (stand-in vendor archive key) <lab-mirror@llm-lab.invalid>"
@@ -676,19 +679,18 @@ def write_simple_index(pypi_dir: Path, project: str, wheel: Path) -> None:
 
 # Byte-exact upstream manifests (Calico, the NVIDIA device plugin, ...), served at
 # http://lab-mirror:8080/upstream/<project>/<version>/<file> with the SAME bytes (and so the same sha256)
-# the roles pin for the upstream URLs; read from ../shared/upstream/, never copied into the repository.
-UPSTREAM = HERE.parents[3] / "shared" / "upstream"  # the checkout's ../shared/upstream
-
-
-def copy_upstream_manifests(target: Path) -> None:
-    source = UPSTREAM
-    if not source.is_dir():
-        raise SystemExit(f"build_mirror: no upstream manifests in {source}")
-    for path in sorted(source.rglob("*")):
-        if path.is_file() and path.name != "README.md":
-            destination = target / path.relative_to(source)
-            destination.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, destination)
+# the roles pin for the upstream URLs: from ../shared/upstream/ where the checkout has it, otherwise
+# downloaded from the pinned URL into the lab's cache (tests/lab/upstream_manifests.py, their one home);
+# never copied into the repository.
+def copy_upstream_manifests(target: Path, cache: Path) -> None:
+    for path in upstream_manifests.MANIFESTS:
+        try:
+            source = upstream_manifests.manifest(path, cache=cache)
+        except upstream_manifests.UpstreamError as error:
+            raise SystemExit(f"build_mirror: {error}") from error
+        destination = target / path
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, destination)
 
 
 def build(output: Path, gnupg_home: Path) -> None:
@@ -727,7 +729,7 @@ def build(output: Path, gnupg_home: Path) -> None:
         (tree / "pypi").mkdir()
         write_simple_index(tree / "pypi", "nvidia-ml-py", build_wheel(spec["pypi"]["nvidia-ml-py"], staging))
         model_tool_wheels.add_to_index(tree / "pypi", gnupg_home.parent / "cache" / "wheels")
-        copy_upstream_manifests(tree / "upstream")
+        copy_upstream_manifests(tree / "upstream", gnupg_home.parent / "cache" / "upstream")
         # Swap in whole so a running mirror never serves a half-written tree for long.
         if output.exists():
             old = output.with_name(output.name + ".old")
