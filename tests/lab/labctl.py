@@ -242,6 +242,7 @@ def mirror_inputs() -> list[Path]:
         LAB_SRC / "fake_nvml" / "pynvml.py",
         REPO / "module_utils" / "model_tools.py",
         client,
+        LAB_SRC / "upstream_manifests.py",  # which upstream manifests the mirror serves, and their pins
         *kube,
     ]
 

@@ -122,7 +122,9 @@ def test_check_mode_on_a_fresh_node_reports_the_install(fresh_node: Path) -> Non
     assert rc == 0, output[-4000:]
     assert recap[FRESH]["failed"] == 0
     assert recap[FRESH]["changed"] > 0
-    assert "would install cuda-drivers-535=535.183.06-*" in " ".join(output.split())
+    assert "would install nvidia-headless-535=535.183.06-*, nvidia-utils-535=535.183.06-*" in " ".join(
+        output.split()
+    )
     assert "would install cuda-toolkit-12-1=12.1.1-*" in " ".join(output.split())
     # --check wrote nothing
     listing = podman("exec", FRESH, "ls", "/etc/apt/sources.list.d/").stdout.split()

@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 import yaml
+from upstream_manifests import manifest
 
 pytestmark = pytest.mark.lab
 
@@ -45,11 +46,7 @@ VERSION = "1.36.3-1.1"
 APT_LIST = "/etc/apt/sources.list.d/lab-kube-standin-test.list"
 REPO_LINE = "deb [trusted=yes] http://lab-mirror:8080/kubernetes/v1.36/deb/ /"
 APT_CACHED = "/var/cache/apt/archives/kube*.deb /var/cache/apt/archives/cri-tools_*.deb"
-DEVICE_PLUGIN = Path("/work/shared/upstream/k8s-device-plugin/v0.20.0/nvidia-device-plugin.yml")
-if not DEVICE_PLUGIN.is_file():
-    DEVICE_PLUGIN = (
-        ROOT.parent / "shared" / "upstream" / "k8s-device-plugin" / "v0.20.0" / "nvidia-device-plugin.yml"
-    )
+DEVICE_PLUGIN = "k8s-device-plugin/v0.20.0/nvidia-device-plugin.yml"  # upstream_manifests.py
 GPUS_PER_NODE = "4"
 
 GOOD_CONFIG = """\
@@ -402,7 +399,7 @@ def test_kube_proxy_ipvs(cluster: Kubectl) -> None:
 
 
 def apply_device_plugin(cluster: Kubectl) -> None:
-    cluster.run("apply", "-f", str(DEVICE_PLUGIN))
+    cluster.run("apply", "-f", str(manifest(DEVICE_PLUGIN)))
     # the control-plane taint keeps the plugin (which tolerates only nvidia.com/gpu) off gpu-node-1
     wait_for("4 GPUs on the workers", lambda: all(gpus(cluster.nodes()[n]) == GPUS_PER_NODE for n in WORKERS))
     time.sleep(3)

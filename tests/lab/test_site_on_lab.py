@@ -99,14 +99,14 @@ def test_python3_and_every_venv_the_roles_made_are_python_3_10(node):
 
 
 def test_apt_policy_shows_the_stand_in_packages_from_the_lab_mirror():
-    proc = on_node("gpu-node-1", "apt-cache policy cuda-drivers-535 cuda-toolkit-12-1")
+    proc = on_node("gpu-node-1", "apt-cache policy nvidia-headless-535 cuda-toolkit-12-1")
     assert proc.returncode == 0, proc.stderr
     policy = proc.stdout
     assert "http://lab-mirror:8080/cuda/ubuntu2204/x86_64" in policy
-    assert "Installed: 535.183.06-1" in policy
+    assert "Installed: 535.183.06-0ubuntu1" in policy
     assert "Installed: 12.1.1-1" in policy
-    # the newer 535 release is visible but pinned away
-    assert "535.216.03-1" in policy
+    # the newer 535 build is visible but pinned away
+    assert "535.216.03-0ubuntu1" in policy
 
 
 def test_make_lab_on_the_converged_lab_changes_nothing_and_reports_every_node():

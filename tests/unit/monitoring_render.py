@@ -15,10 +15,10 @@ from typing import Any
 
 import jinja2
 import yaml
+from lab.upstream_manifests import manifest as upstream_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles" / "monitoring"
-UPSTREAM = ROOT.parent / "shared" / "upstream"
 DIGEST = "sha256:" + "ab" * 32
 # values a site sets (the defaults leave them empty, which the role refuses)
 SITE = {
@@ -90,14 +90,14 @@ def _filter_plugin() -> Any:
 
 
 def dcgm_exporter_objects(**overrides: Any) -> list[dict[str, Any]]:
-    """The upstream manifest (../shared/upstream, the bytes the role downloads) through the role's filter,
-    with the GPU node label and RuntimeClass of nvidia_device_plugin's defaults."""
+    """The upstream manifest (lab/upstream_manifests.py: the bytes the role downloads) through the role's
+    filter, with the GPU node label and RuntimeClass of nvidia_device_plugin's defaults."""
     variables = role_vars(**{**SITE, **overrides})
     plugin_defaults = yaml.safe_load(
         (ROOT / "roles" / "nvidia_device_plugin" / "defaults" / "main.yml").read_text()
     )
-    manifest = (
-        UPSTREAM / "dcgm-exporter" / variables["monitoring_dcgm_exporter_version"] / "dcgm-exporter.yaml"
+    manifest = upstream_manifest(
+        f"dcgm-exporter/{variables['monitoring_dcgm_exporter_version']}/dcgm-exporter.yaml"
     )
     counters = (ROLE / "files" / "dcgm-exporter" / "counters.csv").read_text().rstrip()
     return _filter_plugin().dcgm_exporter_manifest(

@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lab.upstream_manifests import UpstreamError, manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "lab" / "kube"))
 
 from kube_standin.testing import ApiProcess, Client, FakeKubelet, make_pki  # noqa: E402
 
-UPSTREAM = ROOT.parent / "shared" / "upstream"
 NODES = {
     "gpu-node-1": {
         "gpus": 4,
@@ -756,13 +756,14 @@ def test_crd_adds_resources(lab: Lab) -> None:
 def test_upstream_manifests_apply(lab: Lab) -> None:
     """Every object of the pinned Calico, NVIDIA device plugin and DCGM exporter manifests applies (CRDs
     first, as kubectl orders them) and a second apply is unchanged; the DaemonSets get their pods."""
-    files = [
-        UPSTREAM / "calico/v3.32.1/calico.yaml",
-        UPSTREAM / "k8s-device-plugin/v0.20.0/nvidia-device-plugin.yml",
-        UPSTREAM / "dcgm-exporter/4.5.3-4.8.2/dcgm-exporter.yaml",
-    ]
-    if not all(f.exists() for f in files):
-        pytest.skip(f"upstream manifests not found under {UPSTREAM} (the project's ../shared/upstream)")
+    try:
+        files = [
+            manifest("calico/v3.32.1/calico.yaml"),
+            manifest("k8s-device-plugin/v0.20.0/nvidia-device-plugin.yml"),
+            manifest("dcgm-exporter/4.5.3-4.8.2/dcgm-exporter.yaml"),
+        ]
+    except UpstreamError as error:
+        pytest.skip(str(error))
 
     def versions(f: Path) -> dict[str, str]:
         doc = json.loads(lab.kubectl("get", "-f", str(f), "-o", "json", timeout=60).stdout)

@@ -4,9 +4,10 @@
   Ansible's templating and the roles' defaults, passes `kubeadm config validate` of the lab's kubeadm
   stand-in (the strict v1beta4 decoder; kubeadm's kinds are not in kubernetes-validate) and holds IPVS mode,
   the pod subnet, the systemd cgroup driver and the audit policy flags and mounts.
-- The objects applied to the API (the RuntimeClass, Calico's and the device plugin's upstream manifests read
-  from ../shared/upstream/ with exactly the roles' changes, by the roles' own filter plugins) validate
-  against the Kubernetes 1.36 OpenAPI schemas with kubernetes-validate in strict mode.
+- The objects applied to the API (the RuntimeClass, Calico's and the device plugin's upstream manifests
+  (tests/lab/upstream_manifests.py: ../shared/upstream/ or the pinned URLs) with exactly the roles' changes,
+  by the roles' own filter plugins) validate against the Kubernetes 1.36 OpenAPI schemas with
+  kubernetes-validate in strict mode.
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ import pytest
 import yaml
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
+from lab.upstream_manifests import manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLES = ROOT / "roles"
-UPSTREAM = ROOT.parent / "shared" / "upstream"
 K8S_VERSION = "1.36.0"  # kubernetes-validate's schemas of the minor in roles/kubernetes (1.36.x)
 NODE = {"inventory_hostname": "gpu-node-1", "node_ip": "10.89.42.11"}
 
@@ -72,7 +73,7 @@ def filter_module(role: str, name: str) -> ModuleType:
 def upstream(role: str, path: str) -> list[Any]:
     """The upstream manifest the role pins, after checking the bytes against the role's sha256."""
     defaults = role_vars(role)
-    data = (UPSTREAM / path).read_bytes()
+    data = manifest(path).read_bytes()
     assert hashlib.sha256(data).hexdigest() == defaults[f"{role}_manifest_sha256"], path
     return list(yaml.safe_load_all(data))
 

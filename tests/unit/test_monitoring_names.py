@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from lab.upstream_manifests import UpstreamError, manifest
 from monitoring_promql import (
     COUNTERS,
-    ROOT,
     ServingStack,
     as_promql,
     dashboard_exprs,
@@ -24,9 +24,7 @@ from monitoring_promql import (
 )
 
 BIN = Path(sys.executable).parent
-UPSTREAM_COUNTERS = (
-    ROOT.parent / "shared" / "upstream" / "dcgm-exporter" / "4.5.3-4.8.2" / "default-counters.csv"
-)
+UPSTREAM_COUNTERS = "dcgm-exporter/4.5.3-4.8.2/default-counters.csv"  # lab/upstream_manifests.py
 PROMETHEUS_OWN = {"up"}  # written by Prometheus for every target
 
 
@@ -85,9 +83,11 @@ def test_exporters_answered(serving: dict[str, str]) -> None:
 
 def test_counters_file_is_upstreams_plus_additions() -> None:
     ours = COUNTERS.read_text()
-    if not UPSTREAM_COUNTERS.exists():
-        pytest.skip(f"upstream counters not found at {UPSTREAM_COUNTERS} (the project's ../shared/upstream)")
-    assert ours.startswith(UPSTREAM_COUNTERS.read_text()), "the upstream part of counters.csv was edited"
+    try:
+        upstream = manifest(UPSTREAM_COUNTERS)
+    except UpstreamError as error:
+        pytest.skip(str(error))
+    assert ours.startswith(upstream.read_text()), "the upstream part of counters.csv was edited"
     assert {
         "DCGM_FI_DEV_SLOWDOWN_TEMP",
         "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",

@@ -9,7 +9,12 @@ not grepped; the packages are checked pinned and held.
 import tomllib
 
 CONTAINERD = ("containerd.io", "2.1.9-1~ubuntu.22.04~jammy", "2.1.9")
-TOOLKIT = ("nvidia-container-toolkit", "nvidia-container-toolkit-base")
+TOOLKIT = (
+    "nvidia-container-toolkit",
+    "nvidia-container-toolkit-base",
+    "libnvidia-container-tools",
+    "libnvidia-container1",
+)
 TOOLKIT_VERSION = "1.18.1-1"
 PAUSE = "registry.k8s.io/pause:3.10.2"
 CRI_RUNTIME = "io.containerd.cri.v1.runtime"

@@ -12,14 +12,24 @@ import pytest
 
 DRIVER = "535.183.06"
 BRANCH = "535"
+# the headless set and what it pulls, every one at the pinned build and held
 DRIVER_PACKAGES = [
-    f"cuda-drivers-{BRANCH}",
-    f"nvidia-driver-{BRANCH}",
+    f"nvidia-headless-{BRANCH}",
+    f"nvidia-headless-no-dkms-{BRANCH}",
     f"nvidia-utils-{BRANCH}",
     f"libnvidia-compute-{BRANCH}",
+    f"libnvidia-cfg1-{BRANCH}",
     f"nvidia-compute-utils-{BRANCH}",
     f"nvidia-dkms-{BRANCH}",
     f"nvidia-kernel-common-{BRANCH}",
+    f"nvidia-kernel-source-{BRANCH}",
+    f"nvidia-firmware-{BRANCH}-{DRIVER}",
+]
+# a headless node: no display metapackage, no Xorg driver
+DISPLAY_PACKAGES = [
+    f"cuda-drivers-{BRANCH}",
+    f"nvidia-driver-{BRANCH}",
+    f"xserver-xorg-video-nvidia-{BRANCH}",
 ]
 FABRIC_MANAGER = f"nvidia-fabricmanager-{BRANCH}"
 TOOLKIT = ("cuda-toolkit-12-1", "12.1.1")
@@ -66,8 +76,13 @@ def test_driver_package_is_at_the_pinned_version_and_held(host, package):
     assert package in held_packages(host)
 
 
+@pytest.mark.parametrize("package", DISPLAY_PACKAGES)
+def test_no_display_driver_package_is_installed(host, package):
+    assert not host.package(package).is_installed
+
+
 def test_newer_driver_is_available_but_not_a_candidate(host):
-    policy = host.check_output(f"apt-cache policy nvidia-driver-{BRANCH}")
+    policy = host.check_output(f"apt-cache policy nvidia-headless-{BRANCH}")
     assert "535.216.03" in policy, "the lab mirror should offer the newer 535 release"
     candidate = next(line for line in policy.splitlines() if "Candidate:" in line)
     assert DRIVER in candidate

@@ -10,6 +10,8 @@ import pytest
 
 PACKAGE_VERSION = "1.36.3-1.1"
 KUBE_PACKAGES = ("kubeadm", "kubelet", "kubectl")
+# pinned and held at their own versions (the mirror has a newer build of each)
+TOOL_PACKAGES = {"cri-tools": "1.36.0-1.1", "kubernetes-cni": "1.7.1-1.1"}
 MODULES = ("overlay", "br_netfilter", "ip_vs", "ip_vs_rr", "ip_vs_wrr", "ip_vs_sh", "nf_conntrack")
 SYSCTLS = {
     "net.bridge.bridge-nf-call-iptables": "1",
@@ -25,6 +27,13 @@ def test_kube_package_pinned_and_held(host, name):
     # the mirror also has 1.36.4-1.1: the pin keeps 1.36.3-1.1
     policy = host.check_output(f"apt-cache policy {name}")
     assert f"Candidate: {PACKAGE_VERSION}" in policy
+
+
+@pytest.mark.parametrize(("name", "version"), TOOL_PACKAGES.items())
+def test_cri_tools_and_cni_pinned_and_held(host, name, version):
+    assert host.package(name).version == version
+    assert name in host.check_output("apt-mark showhold").split()
+    assert f"Candidate: {version}" in host.check_output(f"apt-cache policy {name}")
 
 
 def test_pkgs_k8s_io_source(host):

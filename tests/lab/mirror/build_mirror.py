@@ -29,6 +29,9 @@ import model_tool_wheels  # beside this file: the model tools' real wheels for t
 import yaml
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(1, str(HERE.parent))  # tests/lab: upstream_manifests
+import upstream_manifests  # noqa: E402
+
 FAKE_NVML_DIR = HERE.parent / "fake_nvml"
 PAYLOADS = HERE / "payloads"
 GPG_UID = "LLM Lab Mirror (stand-in vendor archive key) <lab-mirror@llm-lab.invalid>"
@@ -67,19 +70,44 @@ def payload(name: str, **values: str) -> str:
 
 
 def driver_packages(branch: str, upstream: str, flavour: str) -> list[Package]:
-    """The package set of one driver release, as NVIDIA's CUDA repo or Ubuntu ships it."""
+    """The package set of one driver release, as NVIDIA's CUDA repo or Ubuntu's archive ships it.
+
+    Names, and the Depends between the driver's own packages, are the real ones (Canonical's packaging,
+    which NVIDIA's CUDA repository ships too: debian/templates/control.in of nvidia-graphics-drivers):
+    exact `(= VERSION)` where the real ones have it, the `(>= UPSTREAM)` + `(<= UPSTREAM-1)` bracket of
+    nvidia-dkms and nvidia-kernel-common, unversioned ones where those are unversioned. Depends on the
+    distribution (dkms, adduser, xserver-xorg-core, libc6, ...) are left out: the lab and the unit tests'
+    apt simulation resolve the vendor's dependency shape, not Ubuntu's (docs/lab.md).
+    """
     suffix = "-server" if flavour == "ubuntu-restricted" else ""
     version = f"{upstream}-0ubuntu0.22.04.1" if suffix else f"{upstream}-0ubuntu1"
     repo = flavour
+
+    def named(base: str) -> str:
+        return f"{base}-{branch}{suffix}"
+
+    def exact(base: str) -> str:
+        return f"{named(base)} (= {version})"
+
+    def bracket(base: str) -> list[str]:
+        # the packaging's "(<= #DEBIAN_VERSION#-1), (>= #DEBIAN_VERSION#)": any build of this upstream version
+        return [f"{named(base)} (<= {upstream}-1)", f"{named(base)} (>= {upstream})"]
+
+    firmware = f"nvidia-firmware-{branch}{suffix}-{upstream}"
     lib = payload("libnvidia-ml.so.1", version=upstream)
-    parts = {
+    # base name -> (files, summary, depends, provides/conflicts the base name)
+    parts: dict[str, tuple[dict[str, tuple[str, int]], str, list[str], bool]] = {
         "nvidia-utils": (
             {"/usr/bin/nvidia-smi": (payload("nvidia-smi"), 0o755)},
             "NVIDIA driver support binaries",
+            [],
+            True,
         ),
         "libnvidia-compute": (
             {"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1": (lib, 0o644)},
             "NVIDIA libcompute package (the NVML library)",
+            [],
+            True,
         ),
         "nvidia-compute-utils": (
             {
@@ -90,8 +118,16 @@ def driver_packages(branch: str, upstream: str, flavour: str) -> list[Package]:
                 ),
             },
             "NVIDIA compute utilities (nvidia-persistenced)",
+            [named("libnvidia-compute")],
+            True,
         ),
-        "nvidia-kernel-common": ({}, "Shared files used with the kernel module"),
+        "nvidia-kernel-common": (
+            {},
+            "Shared files used with the kernel module",
+            [f"{firmware} (= {version})"],
+            True,
+        ),
+        "nvidia-kernel-source": ({}, "NVIDIA kernel source package", [], True),
         "nvidia-dkms": (
             {
                 # the modules it builds, their init/exit and their loading at boot (docs/lab.md)
@@ -103,29 +139,85 @@ def driver_packages(branch: str, upstream: str, flavour: str) -> list[Package]:
                 "/usr/lib/modules-load.d/lab-nvidia.conf": (payload("nvidia-kmod-load.conf"), 0o644),
             },
             "NVIDIA DKMS package (the kernel modules as the lab's modprobe knows them)",
+            bracket("nvidia-kernel-source") + bracket("nvidia-kernel-common"),
+            True,
+        ),
+        "libnvidia-cfg1": ({}, "NVIDIA binary OpenGL/GLX configuration library", [], False),
+        "libnvidia-common": ({}, "Shared files used by the NVIDIA libraries", [], True),
+        "libnvidia-gl": ({}, "NVIDIA OpenGL/GLX/EGL/GLES GLVND libraries", [named("libnvidia-common")], True),
+        "libnvidia-extra": ({}, "Extra libraries for the NVIDIA driver", [], True),
+        "libnvidia-decode": (
+            {},
+            "NVIDIA Video Decoding runtime libraries",
+            [exact("libnvidia-compute")],
+            True,
+        ),
+        "libnvidia-encode": ({}, "NVENC Video Encoding runtime library", [], True),
+        "libnvidia-fbc1": ({}, "NVIDIA OpenGL-based Framebuffer Capture runtime library", [], True),
+        "xserver-xorg-video-nvidia": (
+            {},
+            "NVIDIA binary Xorg driver (the real one pulls Xorg in)",
+            [exact("libnvidia-cfg1")],
+            False,
+        ),
+        "nvidia-headless-no-dkms": (
+            {},
+            "NVIDIA headless metapackage - no DKMS",
+            bracket("nvidia-kernel-common")
+            + [exact(base) for base in ("nvidia-kernel-source", "libnvidia-compute", "nvidia-compute-utils")]
+            + [exact("libnvidia-cfg1")],
+            False,
+        ),
+        "nvidia-headless": (
+            {},
+            "NVIDIA headless metapackage",
+            [named("nvidia-headless-no-dkms"), named("nvidia-dkms")],
+            True,
+        ),
+        "nvidia-driver": (
+            {},
+            "NVIDIA driver metapackage (with the Xorg driver)",
+            [exact("libnvidia-gl")]
+            + bracket("nvidia-dkms")
+            + bracket("nvidia-kernel-common")
+            + [
+                exact(base)
+                for base in (
+                    "nvidia-kernel-source",
+                    "libnvidia-compute",
+                    "libnvidia-extra",
+                    "nvidia-compute-utils",
+                    "libnvidia-decode",
+                    "libnvidia-encode",
+                    "nvidia-utils",
+                    "xserver-xorg-video-nvidia",
+                    "libnvidia-cfg1",
+                    "libnvidia-fbc1",
+                )
+            ],
+            False,
         ),
     }
-    packages = []
-    for base, (files, summary) in parts.items():
-        name = f"{base}-{branch}{suffix}"
-        packages.append(
-            Package(
-                name=name,
-                version=version,
-                repo=repo,
-                summary=summary,
-                files=files,
-                provides=[base],
-                conflicts=[base],
-            )
-        )
-    packages.append(
+    packages = [
         Package(
-            name=f"nvidia-driver-{branch}{suffix}",
+            name=named(base),
             version=version,
             repo=repo,
-            summary="NVIDIA driver metapackage",
-            depends=[f"{p.name} (= {version})" for p in packages],
+            summary=summary,
+            files=files,
+            depends=depends,
+            provides=[base] if alias else [],
+            conflicts=[base] if alias else [],
+        )
+        for base, (files, summary, depends, alias) in parts.items()
+    ]
+    # the GSP firmware: one package per upstream version (its name carries it), nvidia-kernel-common needs it
+    packages.append(
+        Package(
+            name=firmware,
+            version=version,
+            repo=repo,
+            summary="Firmware files used by the kernel module",
         )
     )
     packages.append(
@@ -149,7 +241,7 @@ def driver_packages(branch: str, upstream: str, flavour: str) -> list[Package]:
                 name=f"cuda-drivers-{branch}",
                 version=f"{upstream}-1",
                 repo=repo,
-                summary=f"CUDA drivers metapackage for branch {branch}",
+                summary=f"CUDA drivers metapackage for branch {branch} (pulls nvidia-driver, and so Xorg)",
                 depends=[f"nvidia-driver-{branch} (>= {upstream})"],
             )
         )
@@ -225,25 +317,48 @@ def containerd_io_package(spec: dict, cache: Path) -> Package:
 
 
 def container_toolkit_packages(version: str, repo: str) -> list[Package]:
+    """NVIDIA's container toolkit as nvidia.github.io/libnvidia-container publishes it: the toolkit depends on
+    its -base and on libnvidia-container-tools at exactly its own version (nvidia-container-toolkit's
+    packaging/debian/control), the tools on libnvidia-container1 at least at theirs (shlibs)."""
+    upstream = version.split("-")[0]
     return [
         Package(
             name="nvidia-container-toolkit-base",
             version=version,
             repo=repo,
             summary="NVIDIA Container Toolkit base",
-            files={"/usr/bin/nvidia-ctk": (payload("nvidia-ctk", version=version.split("-")[0]), 0o755)},
+            files={"/usr/bin/nvidia-ctk": (payload("nvidia-ctk", version=upstream), 0o755)},
+        ),
+        Package(
+            name="libnvidia-container1",
+            version=version,
+            repo=repo,
+            summary="NVIDIA container runtime library",
+        ),
+        Package(
+            name="libnvidia-container-tools",
+            version=version,
+            repo=repo,
+            summary="NVIDIA container runtime library (command-line tools)",
+            depends=[f"libnvidia-container1 (>= {upstream})"],
         ),
         Package(
             name="nvidia-container-toolkit",
             version=version,
             repo=repo,
             summary="NVIDIA Container toolkit",
-            depends=[f"nvidia-container-toolkit-base (= {version})"],
+            depends=[
+                f"nvidia-container-toolkit-base (= {version})",
+                f"libnvidia-container-tools (= {version})",
+                "libnvidia-container-tools (<< 2.0.0)",
+            ],
         ),
     ]
 
 
-def all_packages(spec: dict, cache: Path) -> list[Package]:
+def driver_repository_packages(spec: dict) -> list[Package]:
+    """Every driver package of the mirror: each release of NVIDIA's CUDA repo, Ubuntu's -server 535 builds,
+    and the cuda-drivers metapackage that always follows the newest branch."""
     packages: list[Package] = []
     newest_branch = max(spec["driver_branches"], key=lambda b: [int(x) for x in b["upstream"].split(".")])
     for release in spec["driver_branches"]:
@@ -259,6 +374,11 @@ def all_packages(spec: dict, cache: Path) -> list[Package]:
             depends=[f"cuda-drivers-{newest_branch['branch']} (>= {newest_branch['upstream']})"],
         )
     )
+    return packages
+
+
+def all_packages(spec: dict, cache: Path) -> list[Package]:
+    packages = driver_repository_packages(spec)
     for toolkit in spec["cuda_toolkits"]:
         release = toolkit["release"]
         prefix = f"/usr/local/cuda-{release}"
@@ -300,14 +420,25 @@ def all_packages(spec: dict, cache: Path) -> list[Package]:
     for version in spec["libnvidia_container"]["versions"]:
         packages += container_toolkit_packages(version, "libnvidia-container")
     packages.append(containerd_io_package(spec["containerd_io"], cache))
-    k8s = spec["kubernetes"]
-    packages.append(Package(name="cri-tools", version=k8s["cri_tools"], repo="kubernetes", summary="crictl"))
-    packages.append(
-        Package(
-            name="kubernetes-cni", version=k8s["cni"], repo="kubernetes", summary="Kubernetes CNI plugins"
-        )
-    )
-    kubectl_binary, kubectl_version = real_kubectl()
+    packages += kubernetes_packages(spec["kubernetes"], real_kubectl())
+    return packages
+
+
+def kubernetes_packages(k8s: dict, kubectl: tuple[Path, str] | None) -> list[Package]:
+    """pkgs.k8s.io's packages of one minor, each in every version packages.yml lists. Depends as pkgs.k8s.io
+    builds them (kubernetes/release cmd/krel/templates/latest/metadata.yaml): kubelet (>= 1.28) needs
+    kubernetes-cni (>= 1.2.0), kubeadm (>= 1.32) and kubectl need nothing, cri-tools nothing; the stand-ins'
+    own needs (python3, python3-yaml, openssl) are added. kubectl: the real binary and its version, carried
+    by the package of that version (None: every kubectl is a stand-in)."""
+    packages = [
+        Package(name="cri-tools", version=version, repo="kubernetes", summary="crictl")
+        for version in k8s["cri_tools"]
+    ]
+    packages += [
+        Package(name="kubernetes-cni", version=version, repo="kubernetes", summary="Kubernetes CNI plugins")
+        for version in k8s["cni"]
+    ]
+    kubectl_binary, kubectl_version = kubectl if kubectl else (None, None)
     standin = kube_standin_files()
     for version in k8s["versions"]:
         upstream = "v" + version.split("-")[0]
@@ -315,7 +446,7 @@ def all_packages(spec: dict, cache: Path) -> list[Package]:
             files: dict[str, tuple[str, int]] = {}
             binaries: dict[str, tuple[Path, int]] = {}
             depends = []
-            if tool == "kubectl" and upstream == kubectl_version:
+            if tool == "kubectl" and kubectl_binary is not None and upstream == kubectl_version:
                 binaries["/usr/bin/kubectl"] = (kubectl_binary, 0o755)  # the REAL kubectl
             elif tool == "kubectl":
                 files["/usr/bin/kubectl"] = (payload("kube-tool", tool=tool, version=upstream), 0o755)
@@ -337,8 +468,6 @@ def all_packages(spec: dict, cache: Path) -> list[Package]:
                 files["/usr/bin/kube-standin-fault"] = (payload("kube-standin-fault"), 0o755)
                 depends.append("kubernetes-cni (>= 1.2.0)")
             if tool == "kubeadm":
-                minor = ".".join(version.split(".")[:2])
-                depends += [f"kubelet (>= {minor}.0)", f"kubectl (>= {minor}.0)", f"cri-tools (>= {minor}.0)"]
                 files["/usr/lib/systemd/system/kubelet.service.d/10-kubeadm.conf"] = (
                     payload("10-kubeadm.conf"),
                     0o644,
@@ -449,11 +578,25 @@ def ensure_key(gnupg_home: Path) -> None:
         gpg(gnupg_home, "--passphrase", "", "--quick-gen-key", GPG_UID, "ed25519", "sign", "never")
 
 
-def index_flat_repo(repo_dir: Path, origin: str, gnupg_home: Path) -> None:
+def write_packages_index(repo_dir: Path) -> None:
+    """The flat repository's Packages file (apt-ftparchive), all an unsigned `[trusted=yes]` source needs."""
     packages = subprocess.run(
         ["apt-ftparchive", "packages", "."], cwd=repo_dir, check=True, capture_output=True, text=True
     ).stdout
     (repo_dir / "Packages").write_text(packages)
+
+
+def build_flat_repo(packages: list[Package], repo_dir: Path) -> None:
+    """Build packages into repo_dir with its Packages index, unsigned (the unit tests' apt simulations)."""
+    repo_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as scratch:
+        for pkg in packages:
+            build_deb(pkg, repo_dir, Path(scratch))
+    write_packages_index(repo_dir)
+
+
+def index_flat_repo(repo_dir: Path, origin: str, gnupg_home: Path) -> None:
+    write_packages_index(repo_dir)
     release = subprocess.run(
         [
             "apt-ftparchive",
@@ -537,19 +680,18 @@ def write_simple_index(pypi_dir: Path, project: str, wheel: Path) -> None:
 
 # Byte-exact upstream manifests (Calico, the NVIDIA device plugin, ...), served at
 # http://lab-mirror:8080/upstream/<project>/<version>/<file> with the SAME bytes (and so the same sha256)
-# the roles pin for the upstream URLs; read from ../shared/upstream/, never copied into the repository.
-UPSTREAM = HERE.parents[3] / "shared" / "upstream"  # the checkout's ../shared/upstream
-
-
-def copy_upstream_manifests(target: Path) -> None:
-    source = UPSTREAM
-    if not source.is_dir():
-        raise SystemExit(f"build_mirror: no upstream manifests in {source}")
-    for path in sorted(source.rglob("*")):
-        if path.is_file() and path.name != "README.md":
-            destination = target / path.relative_to(source)
-            destination.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, destination)
+# the roles pin for the upstream URLs: from ../shared/upstream/ where the checkout has it, otherwise
+# downloaded from the pinned URL into the lab's cache (tests/lab/upstream_manifests.py, their one home);
+# never copied into the repository.
+def copy_upstream_manifests(target: Path, cache: Path) -> None:
+    for path in upstream_manifests.MANIFESTS:
+        try:
+            source = upstream_manifests.manifest(path, cache=cache)
+        except upstream_manifests.UpstreamError as error:
+            raise SystemExit(f"build_mirror: {error}") from error
+        destination = target / path
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, destination)
 
 
 def build(output: Path, gnupg_home: Path) -> None:
@@ -588,7 +730,7 @@ def build(output: Path, gnupg_home: Path) -> None:
         (tree / "pypi").mkdir()
         write_simple_index(tree / "pypi", "nvidia-ml-py", build_wheel(spec["pypi"]["nvidia-ml-py"], staging))
         model_tool_wheels.add_to_index(tree / "pypi", gnupg_home.parent / "cache" / "wheels")
-        copy_upstream_manifests(tree / "upstream")
+        copy_upstream_manifests(tree / "upstream", gnupg_home.parent / "cache" / "upstream")
         # Swap in whole so a running mirror never serves a half-written tree for long.
         if output.exists():
             old = output.with_name(output.name + ".old")

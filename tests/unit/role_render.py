@@ -1,0 +1,57 @@
+"""A role's own variables and templates, rendered by Ansible's templar as the role would render them.
+
+    from role_render import RoleVars
+
+    role = RoleVars("nvidia_driver", nvidia_driver_source="ubuntu")
+    role["__nvidia_driver_package_specs"]          # a variable of defaults/ or vars/, templated
+    role.render_template("nvidia-driver.pref.j2")  # templates/<name>, as ansible.builtin.template writes it
+
+defaults/main.yml, then vars/main.yml, then the overrides (facts, inventory values, what an earlier task set),
+like Ansible's precedence for a role's own files. Nothing is copied from the role: a changed default, variable
+or template is what the tests see.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from ansible.parsing.dataloader import DataLoader
+from ansible.template import Templar, trust_as_template
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _trusted(value: Any) -> Any:
+    """Strings from the role's own files are templates (Ansible trusts them; yaml.safe_load does not)."""
+    if isinstance(value, str):
+        return trust_as_template(value)
+    if isinstance(value, list):
+        return [_trusted(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _trusted(item) for key, item in value.items()}
+    return value
+
+
+class RoleVars:
+    def __init__(self, role: str, **overrides: Any) -> None:
+        self.role_dir = ROOT / "roles" / role
+        variables: dict[str, Any] = {}
+        for path in ("defaults/main.yml", "vars/main.yml"):
+            variables |= yaml.safe_load((self.role_dir / path).read_text()) or {}
+        variables |= overrides
+        variables.setdefault("ansible_managed", "Ansible managed")
+        self.templar = Templar(loader=DataLoader(), variables=_trusted(variables))
+
+    def __getitem__(self, name: str) -> Any:
+        return self.templar.template(trust_as_template("{{ " + name + " }}"))
+
+    def template(self, value: Any) -> Any:
+        """A value from one of the role's task files (a module argument, a loop), templated."""
+        return self.templar.template(_trusted(value))
+
+    def render_template(self, name: str) -> str:
+        """templates/<name> with the template module's defaults (trim_blocks on)."""
+        text = (self.role_dir / "templates" / name).read_text()
+        return str(self.templar.template(trust_as_template(text), overrides={"trim_blocks": True}))

@@ -1,0 +1,199 @@
+"""roles/nvidia_driver's package set and pin (issue 16, item 2), against the real shape of the driver.
+
+The real nvidia-driver-535 (and nvidia-headless-no-dkms-535) depend on their parts at exactly their own
+version, and apt considers only the candidate (newest allowed) version of an unpinned dependency: with a
+newer 535 build in the repository, pinning the seven packages the role named before fails ("Depends:
+libnvidia-gl-535 (= 535.183.06-0ubuntu1) but 535.216.03-0ubuntu1 is to be installed"). The role now installs
+the headless set and pins every package of the branch by pattern. Proven here with this machine's real
+apt-get in simulation against the lab mirror's stand-ins (tests/lab/mirror: real names, real Depends, two
+535 builds), with the role's own rendered preferences template; on a lab node by
+tests/lab/test_driver_pin_on_lab.py.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from apt_sim import MIRROR, AptSim, build_mirror_module, build_repo, missing_tools
+from role_render import RoleVars
+
+SPEC = yaml.safe_load((MIRROR / "packages.yml").read_text())
+LAB_GPU_VARS = yaml.safe_load(
+    (Path(__file__).resolve().parents[2] / "inventories/lab/group_vars/gpu_nodes.yml").read_text()
+)
+PINNED = "535.183.06"
+NEWER = "535.216.03"
+KERNEL = "5.15.0-105-generic"
+
+# What roles/nvidia_driver pinned (and installed) before this change: seven names of the branch.
+SEVEN = [
+    "cuda-drivers-535",
+    "nvidia-driver-535",
+    "nvidia-utils-535",
+    "libnvidia-compute-535",
+    "nvidia-compute-utils-535",
+    "nvidia-dkms-535",
+    "nvidia-kernel-common-535",
+]
+
+
+def role(**overrides: object) -> RoleVars:
+    facts = {"__nvidia_driver_secure_boot": False, "ansible_facts": {"kernel": KERNEL}}
+    return RoleVars("nvidia_driver", **(facts | overrides))
+
+
+# --- the package lists (no apt needed) ---------------------------------------------------------
+
+
+def test_cuda_repo_installs_the_headless_set_at_the_pinned_version() -> None:
+    assert role()["__nvidia_driver_package_specs"] == [
+        f"nvidia-headless-535={PINNED}-*",
+        f"nvidia-utils-535={PINNED}-*",
+    ]
+
+
+def test_ubuntu_installs_the_server_headless_set() -> None:
+    assert role(nvidia_driver_source="ubuntu")["__nvidia_driver_package_specs"] == [
+        f"nvidia-headless-535-server={PINNED}-*",
+        f"nvidia-utils-535-server={PINNED}-*",
+    ]
+
+
+def test_signed_modules_replace_dkms_with_the_running_kernels_modules() -> None:
+    specs = role(nvidia_driver_source="ubuntu", nvidia_driver_kernel_modules="signed")[
+        "__nvidia_driver_package_specs"
+    ]
+    assert specs == [
+        f"nvidia-headless-no-dkms-535-server={PINNED}-*",
+        f"nvidia-utils-535-server={PINNED}-*",
+        f"linux-modules-nvidia-535-server-{KERNEL}",
+    ]
+
+
+@pytest.mark.parametrize("source", ["cuda_repo", "ubuntu"])
+def test_no_display_package_is_asked_for(source: str) -> None:
+    names = role(nvidia_driver_source=source)["__nvidia_driver_packages"]
+    assert not [n for n in names if re.match(r"(nvidia-driver|cuda-drivers|xserver-xorg-video-nvidia)-", n)]
+    # and what an earlier install left is removed
+    removed = role(nvidia_driver_source=source)["__nvidia_driver_display_packages"]
+    assert {"cuda-drivers-535", "nvidia-driver-535", "xserver-xorg-video-nvidia-535"} <= set(removed)
+
+
+BRANCH_NAMES = [
+    "nvidia-headless-535", "nvidia-headless-no-dkms-535", "nvidia-utils-535", "nvidia-dkms-535",
+    "nvidia-kernel-common-535", "nvidia-kernel-source-535", "nvidia-compute-utils-535",
+    "libnvidia-compute-535", "libnvidia-cfg1-535", "libnvidia-gl-535", "libnvidia-common-535",
+    "libnvidia-decode-535", "libnvidia-nscq-535", "xserver-xorg-video-nvidia-535", "nvidia-driver-535",
+    "cuda-drivers-535", "nvidia-fabricmanager-535", "nvidia-firmware-535-535.183.06",
+    "nvidia-headless-535-server", "libnvidia-compute-535-server", "nvidia-firmware-535-server-535.183.06",
+    "nvidia-driver-535-server",
+]  # fmt: skip
+NOT_BRANCH = [
+    "nvidia-driver-550", "libnvidia-compute-550", "cuda-drivers", "cuda-drivers-550", "cuda",
+    "nvidia-utils-535-open", f"linux-modules-nvidia-535-server-{KERNEL}", "nvidia-container-toolkit",
+    "libnvidia-container1", "libnvidia-container-tools", "cuda-toolkit-12-1", "nvidia-firmware-550-550.90.07",
+]  # fmt: skip
+
+
+def test_the_branch_pattern_covers_every_package_of_the_branch_and_nothing_else() -> None:
+    pattern = re.compile(role()["__nvidia_driver_branch_package_regex"])
+    assert [n for n in BRANCH_NAMES if not pattern.match(n)] == []
+    assert [n for n in NOT_BRANCH if pattern.match(n)] == []
+
+
+def test_the_rendered_pin_is_one_pattern_stanza_at_the_version_and_the_metapackage_trap() -> None:
+    stanzas = [s for s in role().render_template("nvidia-driver.pref.j2").split("\n\n") if "Package:" in s]
+    fields = [dict(re.findall(r"^(Package|Pin|Pin-Priority): (.*)$", s, re.MULTILINE)) for s in stanzas]
+    branch = f"/{role()['__nvidia_driver_branch_package_regex']}/"
+    assert fields == [
+        {"Package": branch, "Pin": f"version {PINNED}-*", "Pin-Priority": "1001"},
+        {
+            "Package": "cuda cuda-drivers /^cuda(-runtime)?-[0-9]+-[0-9]+$/",
+            "Pin": "version *",
+            "Pin-Priority": "-1",
+        },
+    ]
+
+
+# --- this machine's apt, in simulation, against the mirror's driver repositories ---------------------
+
+
+@pytest.fixture(scope="module")
+def repos(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    if missing_tools():
+        pytest.skip(f"needs {', '.join(missing_tools())} (Debian's apt and apt-utils: make deps)")
+    build_mirror = build_mirror_module()
+    root = tmp_path_factory.mktemp("driver-repos")
+    packages = build_mirror.driver_repository_packages(SPEC)
+    return {
+        repo: build_repo(root / repo, [p for p in packages if p.repo == repo])
+        for repo in ("cuda", "ubuntu-restricted")
+    }
+
+
+def test_the_mirror_holds_two_builds_of_the_branch_the_older_one_pinned_by_the_inventories() -> None:
+    builds = [b["upstream"] for b in SPEC["driver_branches"] if b["branch"] == "535"]
+    assert PINNED in builds and NEWER in builds
+    assert LAB_GPU_VARS.get("nvidia_driver_version", role()["nvidia_driver_version"]) == PINNED
+
+
+def test_pinning_the_seven_packages_fails_with_the_exact_version_depends(
+    repos: dict[str, Path], tmp_path: Path
+) -> None:
+    apt = AptSim(tmp_path, repos["cuda"])
+    old_pin = (
+        f"Package: {' '.join(SEVEN)} nvidia-fabricmanager-535\nPin: version {PINNED}-*\nPin-Priority: 1001\n"
+    )
+    result = apt.install([f"{name}={PINNED}-*" for name in SEVEN], preferences=old_pin)
+    assert not result.ok, result.output
+    flat = " ".join(result.output.split())
+    assert re.search(
+        rf"nvidia-driver-535 : Depends: (lib)?nvidia-[a-z0-9-]+-535 \(= {re.escape(PINNED)}-0ubuntu1\)"
+        rf" but {re.escape(NEWER)}-0ubuntu1 is to be installed",
+        flat,
+    ), result.output
+
+
+@pytest.mark.parametrize(("source", "repo"), [("cuda_repo", "cuda"), ("ubuntu", "ubuntu-restricted")])
+def test_the_roles_pin_resolves_one_consistent_headless_set(
+    repos: dict[str, Path], tmp_path: Path, source: str, repo: str
+) -> None:
+    driver = role(nvidia_driver_source=source)
+    apt = AptSim(tmp_path, repos[repo])
+    result = apt.install(
+        driver["__nvidia_driver_package_specs"], preferences=driver.render_template("nvidia-driver.pref.j2")
+    )
+    assert result.ok, result.output
+    suffix = "-server" if source == "ubuntu" else ""
+    # the whole headless set, dependencies included, every one at the pinned build
+    assert {
+        f"nvidia-headless-535{suffix}", f"nvidia-headless-no-dkms-535{suffix}", f"nvidia-utils-535{suffix}",
+        f"nvidia-dkms-535{suffix}", f"nvidia-kernel-common-535{suffix}", f"nvidia-kernel-source-535{suffix}",
+        f"libnvidia-compute-535{suffix}", f"nvidia-compute-utils-535{suffix}", f"libnvidia-cfg1-535{suffix}",
+        f"nvidia-firmware-535{suffix}-{PINNED}",
+    } <= set(result.installed), result.output  # fmt: skip
+    assert {name: v for name, v in result.installed.items() if not v.startswith(f"{PINNED}-")} == {}
+    # a headless node: no Xorg driver, no GL, no display metapackage
+    assert not [
+        n for n in result.installed if re.match(r"(xserver-xorg|libnvidia-gl|nvidia-driver|cuda-drivers)", n)
+    ]
+
+
+def test_without_the_pin_apt_takes_the_newer_build(repos: dict[str, Path], tmp_path: Path) -> None:
+    """The control: the mirror really offers the newer build, so the pin is what keeps the version."""
+    driver = role()
+    apt = AptSim(tmp_path, repos["cuda"])
+    result = apt.install([name for name in driver["__nvidia_driver_packages"]])
+    assert result.ok, result.output
+    assert result.installed["nvidia-dkms-535"].startswith(f"{NEWER}-")
+
+
+def test_the_roles_pin_keeps_the_trap_metapackages_out(repos: dict[str, Path], tmp_path: Path) -> None:
+    driver = role()
+    apt = AptSim(tmp_path, repos["cuda"])
+    result = apt.install(["cuda-drivers"], preferences=driver.render_template("nvidia-driver.pref.j2"))
+    assert not result.ok
+    assert "cuda-drivers" not in result.installed

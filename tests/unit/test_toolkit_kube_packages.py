@@ -1,0 +1,171 @@
+"""The container toolkit (role containerd) and the kube packages (role kubernetes_node): pinned and held as
+the real repositories publish them (issue 16, item 2).
+
+nvidia-container-toolkit depends on nvidia-container-toolkit-base and libnvidia-container-tools at exactly
+its own version, the tools on libnvidia-container1 (>= theirs): pinning the toolkit and its base alone, with a
+newer release in the repository, fails ("Depends: libnvidia-container-tools (= 1.18.1-1) but 1.18.2-1 is to
+be installed"). pkgs.k8s.io's kubeadm 1.36 depends on nothing and kubelet on kubernetes-cni (>= 1.2.0) only
+(kubernetes/release cmd/krel/templates/latest/metadata.yaml): unpinned, kubernetes-cni drifts to the newest
+build and cri-tools (crictl, which on-call uses) is not installed at all. Proven with this machine's apt-get
+in simulation against the lab mirror's stand-ins, with the roles' own pin content.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from apt_sim import MIRROR, AptSim, build_mirror_module, build_repo, missing_tools
+from role_render import ROOT, RoleVars
+
+SPEC = yaml.safe_load((MIRROR / "packages.yml").read_text())
+TOOLKIT = [
+    "nvidia-container-toolkit",
+    "nvidia-container-toolkit-base",
+    "libnvidia-container-tools",
+    "libnvidia-container1",
+]
+KUBE = ["kubeadm", "kubelet", "kubectl", "cri-tools", "kubernetes-cni"]
+# what the kube stand-ins need from the node's distribution (tests/lab/mirror/build_mirror.py)
+DISTRIBUTION = {"python3": "3.11.2-1+b1", "python3-yaml": "6.0-3+b2", "openssl": "3.0.15-1~deb12u1"}
+
+
+def task(role: str, path: str, name_start: str) -> dict:
+    tasks = yaml.safe_load((ROOT / "roles" / role / "tasks" / path).read_text())
+    (found,) = [t for t in tasks if t.get("name", "").startswith(name_start)]
+    return found
+
+
+def containerd() -> RoleVars:
+    kubernetes = yaml.safe_load((ROOT / "roles/kubernetes/defaults/main.yml").read_text())
+    return RoleVars("containerd", **kubernetes)
+
+
+def kubernetes_node() -> RoleVars:
+    kubernetes = RoleVars("kubernetes")
+    return RoleVars("kubernetes_node", kubernetes_version=kubernetes["kubernetes_version"],
+                    kubernetes_minor=kubernetes["kubernetes_minor"])  # fmt: skip
+
+
+def toolkit_pin() -> tuple[list[str], str]:
+    role = containerd()
+    install = task("containerd", "add-nvidia-runtime.yml", "Install the NVIDIA container toolkit")
+    pin = task("containerd", "add-nvidia-runtime.yml", "Pin the NVIDIA container toolkit")
+    return role.template(install["ansible.builtin.apt"]["name"]), role.template(
+        pin["ansible.builtin.copy"]["content"]
+    )
+
+
+def kube_pin() -> tuple[list[str], str]:
+    role = kubernetes_node()
+    install = task("kubernetes_node", "install-kube-packages.yml", "Install kubeadm")
+    pin = task("kubernetes_node", "install-kube-packages.yml", "Pin kubeadm")
+    return role.template(install["ansible.builtin.apt"]["name"]), role.template(
+        pin["ansible.builtin.copy"]["content"]
+    )
+
+
+def held(role: RoleVars, role_name: str, path: str) -> list[str]:
+    hold = task(role_name, path, "Hold ")
+    return role.template(hold["loop"])
+
+
+def test_the_toolkit_installs_pins_and_holds_its_four_packages_at_one_version() -> None:
+    specs, pin = toolkit_pin()
+    version = containerd()["containerd_nvidia_toolkit_version"]
+    assert specs == [f"{name}={version}" for name in TOOLKIT]
+    assert sorted(re.search(r"^Package: (.*)$", pin, re.MULTILINE)[1].split()) == sorted(TOOLKIT)
+    assert f"Pin: version {version}\n" in pin
+    assert sorted(held(containerd(), "containerd", "add-nvidia-runtime.yml")) == sorted(TOOLKIT)
+
+
+def test_the_kube_packages_are_installed_pinned_and_held_each_at_its_version() -> None:
+    role = kubernetes_node()
+    specs, pin = kube_pin()
+    versions = {
+        "kubeadm": role["__kubernetes_node_package_version"],
+        "kubelet": role["__kubernetes_node_package_version"],
+        "kubectl": role["__kubernetes_node_package_version"],
+        "cri-tools": role["kubernetes_node_cri_tools_package_version"],
+        "kubernetes-cni": role["kubernetes_node_cni_package_version"],
+    }
+    assert sorted(specs) == sorted(f"{name}={version}" for name, version in versions.items())
+    stanzas = [
+        dict(re.findall(r"^(Package|Pin): (.*)$", s, re.MULTILINE))
+        for s in pin.split("\n\n")
+        if "Package:" in s
+    ]
+    pinned = {
+        name: stanza["Pin"].removeprefix("version ")
+        for stanza in stanzas
+        for name in stanza["Package"].split()
+    }
+    assert pinned == versions
+    assert sorted(held(role, "kubernetes_node", "install-kube-packages.yml")) == sorted(KUBE)
+
+
+@pytest.fixture(scope="module")
+def repos(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    if missing_tools():
+        pytest.skip(f"needs {', '.join(missing_tools())} (Debian's apt and apt-utils: make deps)")
+    build_mirror = build_mirror_module()
+    root = tmp_path_factory.mktemp("toolkit-kube-repos")
+    toolkit = [
+        p
+        for v in SPEC["libnvidia_container"]["versions"]
+        for p in build_mirror.container_toolkit_packages(v, "libnvidia-container")
+    ]
+    return {
+        "toolkit": build_repo(root / "toolkit", toolkit),
+        "kube": build_repo(root / "kube", build_mirror.kubernetes_packages(SPEC["kubernetes"], None)),
+    }  # fmt: skip
+
+
+def test_pinning_the_toolkit_and_its_base_alone_fails(repos: dict[str, Path], tmp_path: Path) -> None:
+    version = containerd()["containerd_nvidia_toolkit_version"]
+    newer = [v for v in SPEC["libnvidia_container"]["versions"] if v != version]
+    assert newer, "the mirror must offer a newer toolkit than the one pinned"
+    old_pin = (
+        "Package: nvidia-container-toolkit nvidia-container-toolkit-base\n"
+        f"Pin: version {version}\nPin-Priority: 1001\n"
+    )
+    result = AptSim(tmp_path, repos["toolkit"]).install(
+        [f"nvidia-container-toolkit={version}", f"nvidia-container-toolkit-base={version}"],
+        preferences=old_pin,
+    )
+    assert not result.ok, result.output
+    assert f"Depends: libnvidia-container-tools (= {version}) but {newer[0]} is to be installed" in " ".join(
+        result.output.split()
+    ), result.output
+
+
+def test_the_toolkit_pin_resolves_the_four_at_one_version(repos: dict[str, Path], tmp_path: Path) -> None:
+    specs, pin = toolkit_pin()
+    version = containerd()["containerd_nvidia_toolkit_version"]
+    result = AptSim(tmp_path, repos["toolkit"]).install(specs, preferences=pin)
+    assert result.ok, result.output
+    assert result.installed == dict.fromkeys(TOOLKIT, version)
+
+
+def test_the_kube_pin_resolves_every_package_at_its_pinned_version(
+    repos: dict[str, Path], tmp_path: Path
+) -> None:
+    specs, pin = kube_pin()
+    result = AptSim(tmp_path, repos["kube"], installed=DISTRIBUTION).install(specs, preferences=pin)
+    assert result.ok, result.output
+    assert result.installed == dict(spec.split("=", 1) for spec in specs)
+
+
+def test_unpinned_kubelet_takes_the_newest_cni(repos: dict[str, Path], tmp_path: Path) -> None:
+    """The control: without their own pin, kubernetes-cni drifts (kubelet asks for >= 1.2.0 only)."""
+    role = kubernetes_node()
+    version = role["__kubernetes_node_package_version"]
+    result = AptSim(tmp_path, repos["kube"], installed=DISTRIBUTION).install([f"kubelet={version}"])
+    assert result.ok, result.output
+    assert (
+        result.installed["kubernetes-cni"]
+        == SPEC["kubernetes"]["cni"][-1]
+        != role["kubernetes_node_cni_package_version"]
+    )
