@@ -19,12 +19,16 @@ import hashlib
 import json
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+import images  # beside this file: the images the lab's cluster pulls
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -137,7 +141,10 @@ def node_python() -> tuple[Path | None, str]:
 def image_inputs_hash() -> str:
     _, python_version = node_python()
     return digest(
-        [LAB_SRC / "image" / "build_image.sh", *sorted((LAB_SRC / "image" / "kernel").iterdir())],
+        [
+            LAB_SRC / "image" / "build_image.sh",
+            *sorted(p for p in (LAB_SRC / "image" / "kernel").iterdir() if p.is_file()),
+        ],
         extra=f"python {python_version}",
     )
 
@@ -234,8 +241,9 @@ def ensure_network() -> None:
 
 def mirror_inputs() -> list[Path]:
     files = [p for p in (LAB_SRC / "mirror").rglob("*") if p.is_file() and "__pycache__" not in p.parts]
-    # the model tools' pinned wheels are served by the mirror's PEP 503 index
-    kube = sorted((LAB_SRC / "kube").rglob("*.py"))  # the kubeadm/kubelet packages carry kube_standin
+    # the model tools' pinned wheels are served by the mirror's PEP 503 index; the kube and containerd.io
+    # packages carry the binaries tests/lab/gobuild builds from the pins of its go.mod files
+    gobuild = [LAB_SRC / "gobuild" / "build.py", *sorted((LAB_SRC / "gobuild").glob("*/go.*"))]
     client = REPO / "roles" / "kubernetes_api_client" / "defaults" / "main.yml"  # the kubernetes client's pin
     return [
         *files,
@@ -243,7 +251,7 @@ def mirror_inputs() -> list[Path]:
         REPO / "module_utils" / "model_tools.py",
         client,
         LAB_SRC / "upstream_manifests.py",  # which upstream manifests the mirror serves, and their pins
-        *kube,
+        *gobuild,
     ]
 
 
@@ -292,11 +300,18 @@ def is_orphaned(state: dict) -> bool:
     return any(pid > 0 and not process_alive(pid) for pid in pids)
 
 
+def node_volume(name: str) -> str:
+    """The volume holding a node's /var/lib/containerd: its disk, gone with the node."""
+    return f"llm-lab-{name}-containerd"
+
+
 def force_remove(name: str) -> None:
-    """rm -f, tolerating podman noticing the dead container half-way ("container not running")."""
+    """rm -f, tolerating podman noticing the dead container half-way ("container not running"); a node's
+    disk (its containerd volume) goes with it, as a replaced server comes with empty disks."""
     for _ in range(3):
         podman("rm", "-f", "-t", "2", name, check=False)
         if container_state(name) is None:
+            podman("volume", "rm", "-f", node_volume(name), check=False)
             return
         time.sleep(1)
     raise LabError(f"{name}: could not remove the container; try: podman rm -f {name}")
@@ -340,18 +355,99 @@ def ensure_container(name: str, config_key: str, run_args: list[str]) -> bool:
     return False
 
 
+REGISTRY_DIR = STATE / "registry"
+REGISTRY_PORT = 5000
+
+
+def openssl(*args: str) -> None:
+    result = subprocess.run(["openssl", *args], capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise LabError(f"openssl {args[0]} failed: {result.stderr.strip()}")
+
+
+def ensure_registry_pki() -> None:
+    """The lab registry's CA and server certificate (lab-mirror, 10.89.42.2), made once; the nodes trust the CA
+    through containerd's registry mirror configuration (inventories/lab: containerd_registry_mirrors)."""
+    directory = REGISTRY_DIR
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "storage").mkdir(exist_ok=True)
+    ca, key, cert = directory / "ca.crt", directory / "server.key", directory / "server.crt"
+    if not (ca.is_file() and cert.is_file() and key.is_file()):
+        log("making the lab registry's CA and TLS certificate (.lab/registry)")
+        openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(directory / "ca.key"),
+                "-out", str(ca), "-days", "3650", "-subj", "/CN=llm-lab registry CA")  # fmt: skip
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(directory / "server.csr"),
+                "-subj", f"/CN={MIRROR_NAME}")  # fmt: skip
+        extensions = directory / "server.ext"
+        extensions.write_text(
+            f"subjectAltName=DNS:{MIRROR_NAME},IP:{MIRROR_IP}\nbasicConstraints=CA:FALSE\n"
+            "keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n"
+        )
+        openssl("x509", "-req", "-in", str(directory / "server.csr"), "-CA", str(ca), "-CAkey",
+                str(directory / "ca.key"), "-CAcreateserial", "-days", "3650", "-out", str(cert),
+                "-extfile", str(extensions))  # fmt: skip
+    (directory / "config.yml").write_text(
+        "version: 0.1\n"
+        "log: {level: warn}\n"
+        "storage:\n  filesystem: {rootdirectory: /srv/registry/storage}\n  delete: {enabled: true}\n"
+        f"http:\n  addr: 0.0.0.0:{REGISTRY_PORT}\n"
+        "  tls: {certificate: /srv/registry/server.crt, key: /srv/registry/server.key}\n"
+    )
+
+
+def wait_for_registry(timeout_s: float = 60) -> None:
+    context = ssl.create_default_context(cafile=str(REGISTRY_DIR / "ca.crt"))
+    deadline, last = time.monotonic() + timeout_s, ""
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"https://{MIRROR_IP}:{REGISTRY_PORT}/v2/", context=context, timeout=5):
+                return
+        except (OSError, urllib.error.URLError) as err:
+            last = str(err)
+        time.sleep(1)
+    raise LabError(
+        f"the lab registry https://{MIRROR_IP}:{REGISTRY_PORT}/v2/ did not answer within {timeout_s:.0f}s ({last});"
+        f" its log: .lab/registry/registry.log"
+    )
+
+
 def ensure_mirror() -> None:
     ensure_mirror_content()
+    ensure_registry_pki()
+    registry = go_build("registry")
     ensure_container(
         MIRROR_NAME,
         "mirror",
         [
             "--hostname", MIRROR_NAME, "--network", NETWORK, "--ip", MIRROR_IP,
             "-v", f"{STATE / 'mirror'}:/srv/mirror:ro",
+            "-v", f"{REGISTRY_DIR}:/srv/registry",
+            "-v", f"{registry}:/opt/registry:ro",
             IMAGE,
-            "python3", "-m", "http.server", "8080", "--bind", "0.0.0.0", "--directory", "/srv/mirror/www",
+            # the apt repositories and PyPI index on :8080, distribution's registry (TLS) on :5000
+            "sh", "-c",
+            "/opt/registry/registry serve /srv/registry/config.yml >>/srv/registry/registry.log 2>&1 & "
+            "exec python3 -m http.server 8080 --bind 0.0.0.0 --directory /srv/mirror/www",
         ],
     )  # fmt: skip
+    wait_for_registry()
+
+
+def go_build(component: str) -> Path:
+    """The directory of a component's binaries (tests/lab/gobuild/build.py; built once per pin)."""
+    try:
+        return images.gobuild.build(images.gobuild.BY_NAME[component])
+    except images.gobuild.BuildError as err:
+        raise LabError(str(err)) from err
+
+
+def ensure_images() -> None:
+    """Every image the lab's cluster pulls, built and pushed to the lab registry (tests/lab/images.py)."""
+    try:
+        digests = images.ensure_all()
+    except images.ImageError as err:
+        raise LabError(str(err)) from err
+    log(f"{len(digests)} images in the lab registry (digests in .lab/images.json)")
 
 
 def ensure_node(node: Node) -> None:
@@ -361,6 +457,13 @@ def ensure_node(node: Node) -> None:
         [
             "--hostname", node.name, "--network", NETWORK, "--ip", node.ip, "--no-hosts",
             "-p", f"127.0.0.1:{node.ssh_port}:22", "--systemd=always",
+            # the real kubelet runs pods with containerd and runc inside the node: nested containers need a
+            # privileged node with a cgroup namespace of its own (its cgroups are its root, as the kubelet's
+            # systemd driver expects); /proc/sys is made read-only but for the node's network parameters at
+            # boot (lab-proc-sys.service), so nothing in the node changes this machine's kernel parameters
+            "--privileged", "--cgroupns=private",
+            # containerd's overlayfs snapshots cannot live on the node's own overlay root: a volume
+            "-v", f"{node_volume(node.name)}:/var/lib/containerd",
             "-v", f"{SSH_KEY}.pub:/home/labadmin/.ssh/authorized_keys:ro",
             IMAGE,
         ],
@@ -486,6 +589,7 @@ def cmd_up(_: argparse.Namespace) -> None:
     ensure_gateway_image()
     ensure_network()
     ensure_mirror()
+    ensure_images()
     for node in NODES:
         ensure_node(node)
     for node in NODES:
@@ -520,10 +624,12 @@ def cmd_destroy(_: argparse.Namespace) -> None:
         podman("network", "rm", "-f", NETWORK)
         log(f"removed network {NETWORK}")
     # the current image and earlier builds it replaced (left untagged), all carry the inputs label
-    images = podman("images", "-a", "-q", "--filter", "label=llm-lab.inputs").stdout.split()
-    if images:
-        podman("rmi", "-f", *sorted(set(images)))
-        log(f"removed {len(set(images))} lab image(s) ({IMAGE} and earlier builds)")
+    built = set(podman("images", "-a", "-q", "--filter", "label=llm-lab.inputs").stdout.split())
+    # and the images the lab's cluster pulls (tests/lab/images.py), built here too
+    built |= set(podman("images", "-a", "-q", "--filter", f"label={images.LABEL}").stdout.split())
+    if built:
+        podman("rmi", "-f", *sorted(built))
+        log(f"removed {len(built)} lab image(s) ({IMAGE}, {BASE_IMAGE}, the cluster's images, earlier builds)")
     if STATE.exists():
         subprocess.run(["rm", "-rf", str(STATE)], check=True)
         log(f"removed {STATE.relative_to(REPO)}/")

@@ -34,7 +34,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -58,9 +58,11 @@ def role_default(role: str, variable: str) -> str:
 
 
 def mirror_version(key: str) -> str:
-    """An upstream version from tests/lab/mirror/packages.yml's kubernetes package versions (1.7.1-1.1 -> 1.7.1)."""
+    """An upstream version from tests/lab/mirror/packages.yml's kubernetes versions (1.7.1-1.1 -> 1.7.1)."""
     packages = yaml.safe_load((REPO / "tests" / "lab" / "mirror" / "packages.yml").read_text())
-    return str(packages["kubernetes"][key]).split("-")[0]
+    value = packages["kubernetes"][key]
+    # a list: the first is what the site pins, the others newer builds that must not be picked up
+    return str(value[0] if isinstance(value, list) else value).split("-")[0]
 
 
 def image_tag(role: str, variable: str) -> str:
@@ -89,7 +91,9 @@ def kubeadm_constant(name: str) -> str:
 
 
 def containerd_runc_version() -> str:
-    source = module_dir("github.com/containerd/containerd/v2", "v" + role_default("containerd", "containerd_version"))
+    source = module_dir(
+        "github.com/containerd/containerd/v2", "v" + role_default("containerd", "containerd_version")
+    )
     return (source / "script" / "setup" / "runc-version").read_text().strip()
 
 
@@ -108,7 +112,11 @@ def k8s_ldflags(version: str) -> list[str]:
 
 def prometheus_ldflags(version: str) -> list[str]:
     base = "github.com/prometheus/common/version"
-    return [f"-X {base}.Version={version.lstrip('v')}", f"-X {base}.Branch=HEAD", f"-X {base}.BuildUser=llm-lab"]
+    return [
+        f"-X {base}.Version={version.lstrip('v')}",
+        f"-X {base}.Branch=HEAD",
+        f"-X {base}.BuildUser=llm-lab",
+    ]
 
 
 @dataclass(frozen=True)
@@ -126,11 +134,11 @@ class Component:
     # (ignored in a dependency), so they point at the same release instead; and upstream's replacements
     # of third-party modules, which its release builds use
     replaces: Callable[[str], dict[str, str]] = lambda _version: {}
-    extra: dict[str, str] = field(default_factory=dict)
+    own: bool = False  # the lab's own programs (this repository's code): no upstream pin to check
 
 
 def k8s_staging_replaces(version: str) -> dict[str, str]:
-    """k8s.io/kubernetes replaces its staging modules (k8s.io/api, ...) with ./staging: their v0.MINOR.PATCH."""
+    """k8s.io/kubernetes replaces its staging modules (k8s.io/api, ...) with ./staging: use v0.MINOR.PATCH."""
     source = module_dir("k8s.io/kubernetes", version)
     gomod = (source / "go.mod").read_text()
     staging = re.findall(r"^\s*(k8s\.io/[\w.-]+) => \./staging/", gomod, re.MULTILINE)
@@ -249,7 +257,10 @@ COMPONENTS = (
         "prometheus",
         "github.com/prometheus/prometheus",
         # Prometheus 2.x tags its Go module v0.MINOR.PATCH (v2.53.0 is module v0.53.0)
-        lambda: "v0." + ".".join(image_tag("monitoring", "monitoring_prometheus_image").lstrip("v").split(".")[1:]),
+        lambda: (
+            "v0."
+            + ".".join(image_tag("monitoring", "monitoring_prometheus_image").lstrip("v").split(".")[1:])
+        ),
         ("github.com/prometheus/prometheus/cmd/prometheus", "github.com/prometheus/prometheus/cmd/promtool"),
         ldflags=lambda version: prometheus_ldflags("2." + version.split(".", 1)[1]),
         replaces=upstream_third_party_replaces("github.com/prometheus/prometheus"),
@@ -258,7 +269,10 @@ COMPONENTS = (
         "alertmanager",
         "github.com/prometheus/alertmanager",
         lambda: image_tag("monitoring", "monitoring_alertmanager_image"),
-        ("github.com/prometheus/alertmanager/cmd/alertmanager", "github.com/prometheus/alertmanager/cmd/amtool"),
+        (
+            "github.com/prometheus/alertmanager/cmd/alertmanager",
+            "github.com/prometheus/alertmanager/cmd/amtool",
+        ),
         ldflags=prometheus_ldflags,
     ),
     Component(
@@ -275,32 +289,55 @@ COMPONENTS = (
         # built here); v2.1.0 is the release the Go proxy serves
         lambda: "v2.1.0",
         ("github.com/cloudnativelabs/kube-router/v2/cmd/kube-router",),
-        ldflags=lambda version: [f"-X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version={version}"],
+        ldflags=lambda version: [
+            f"-X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version={version}"
+        ],
     ),
 )
-BY_NAME = {component.name: component for component in COMPONENTS}
+LAB_PROGRAMS = Component(
+    "lab-programs",
+    "lab.local/gobuild/lab-programs",
+    lambda: "devel",
+    # the lab's own programs (docs/lab.md: each stands in where nothing real can run here)
+    ("./cmd/pause",),
+    own=True,
+)
+BY_NAME = {component.name: component for component in (*COMPONENTS, LAB_PROGRAMS)}
 
 
 def go(*args: str, cwd: Path, cgo: bool = False, mod: str = "readonly") -> subprocess.CompletedProcess[str]:
-    """go ARGS in CWD: the local toolchain, go.mod read-only unless updating, CGO only where upstream uses it."""
-    env = {**os.environ, "GOFLAGS": f"-mod={mod} -buildvcs=false", "GOTOOLCHAIN": "local", "CGO_ENABLED": str(int(cgo))}
+    """go ARGS in CWD: the local toolchain, go.mod read-only unless updating, CGO where upstream uses it."""
+    env = {
+        **os.environ,
+        "GOFLAGS": f"-mod={mod} -buildvcs=false",
+        "GOTOOLCHAIN": "local",
+        "CGO_ENABLED": str(int(cgo)),
+    }
     return subprocess.run(["go", *args], cwd=cwd, env=env, capture_output=True, text=True, check=False)
 
 
 def go_version() -> str:
-    return subprocess.run(["go", "env", "GOVERSION"], capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run(
+        ["go", "env", "GOVERSION"], capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 def required_version(component: Component) -> str:
+    if component.own:
+        return "devel"
     gomod = (HERE / component.name / "go.mod").read_text()
     match = re.search(rf"^\s*(?:require\s+)?{re.escape(component.module)} (v\S+)", gomod, re.MULTILINE)
     if not match:
-        raise BuildError(f"{component.name}/go.mod does not require {component.module}: run build.py --update")
+        raise BuildError(
+            f"{component.name}/go.mod does not require {component.module}: run build.py --update"
+        )
     return match[1]
 
 
 def check_pin(component: Component) -> str:
     """go.mod's version of the module, refused unless it is the pin's (its home named)."""
+    if component.own:
+        return "devel"
     pinned, required = component.pin(), required_version(component)
     if pinned != required:
         raise BuildError(
@@ -312,20 +349,32 @@ def check_pin(component: Component) -> str:
 
 def update(component: Component) -> None:
     """Rewrite go.mod/go.sum: the pinned module, its replace lines, the commands as tools."""
+    if component.own:
+        tidy = go("mod", "tidy", cwd=HERE / component.name, mod="mod")
+        if tidy.returncode != 0:
+            raise BuildError(f"{component.name}: go mod tidy: {tidy.stderr.strip()[-2000:]}")
+        return
     version = component.pin()
     directory = HERE / component.name
     directory.mkdir(exist_ok=True)
     replaces = component.replaces(version)
     lines = [f"module lab.local/gobuild/{component.name}", "", f"go {go_version().removeprefix('go')}", ""]
     if replaces:
-        lines += ["replace (", *(f"\t{module} => {target}" for module, target in sorted(replaces.items())), ")", ""]
+        lines += [
+            "replace (",
+            *(f"\t{module} => {target}" for module, target in sorted(replaces.items())),
+            ")",
+            "",
+        ]
     (directory / "go.mod").write_text("\n".join(lines))
     (directory / "go.sum").unlink(missing_ok=True)
     log(f"{component.name}: go get -tool {component.module}@{version} ({len(component.commands)} commands)")
     for command in component.commands:
         got = go("get", "-tool", f"{command}@{version}", cwd=directory, mod="mod")
         if got.returncode != 0:
-            raise BuildError(f"{component.name}: go get -tool {command}@{version}: {got.stderr.strip()[-2000:]}")
+            raise BuildError(
+                f"{component.name}: go get -tool {command}@{version}: {got.stderr.strip()[-2000:]}"
+            )
     tidy = go("mod", "tidy", cwd=directory, mod="mod")
     if tidy.returncode != 0:
         raise BuildError(f"{component.name}: go mod tidy: {tidy.stderr.strip()[-2000:]}")
@@ -334,8 +383,12 @@ def update(component: Component) -> None:
 def build_key(component: Component, version: str) -> str:
     directory = HERE / component.name
     h = hashlib.sha256()
-    for name in ("go.mod", "go.sum"):
-        h.update((directory / name).read_bytes())
+    sources = ["go.mod", "go.sum"]
+    if component.own:  # its code is here: every Go file counts
+        sources += sorted(str(path.relative_to(directory)) for path in directory.rglob("*.go"))
+    for name in sources:
+        if (directory / name).is_file():
+            h.update(name.encode() + b"\0" + (directory / name).read_bytes())
     spec = {
         "commands": component.commands,
         "ldflags": component.ldflags(version),
@@ -350,6 +403,20 @@ def build_key(component: Component, version: str) -> str:
 def output_dir(component: Component) -> Path:
     version = required_version(component)
     return CACHE / component.name / f"{version}-{build_key(component, version)}"
+
+
+def upstream_modules(binary: Path) -> list[tuple[str, str]]:
+    """(module, version) of the binary's main package's module and its dependencies, as `go version -m`
+    shows them (a replaced module counts with the version it was replaced by)."""
+    shown = subprocess.run(["go", "version", "-m", str(binary)], capture_output=True, text=True, check=True)
+    found = []
+    for line in shown.stdout.splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and fields[0] in ("mod", "dep"):
+            found.append((fields[1], fields[2]))
+        elif len(fields) >= 3 and fields[0] == "=>" and found:
+            found[-1] = (found[-1][0], fields[2])
+    return found
 
 
 def build(component: Component) -> Path:
@@ -370,10 +437,12 @@ def build(component: Component) -> Path:
                cgo=component.cgo)  # fmt: skip
     if built.returncode != 0:
         raise BuildError(f"{component.name}: go build failed:\n{built.stderr.strip()[-4000:]}")
-    for binary in sorted(staging.iterdir()):
-        shown = subprocess.run(["go", "version", "-m", str(binary)], capture_output=True, text=True, check=True)
-        if f"{component.module}\t{version}" not in shown.stdout.replace(" ", "\t"):
-            raise BuildError(f"{binary.name}: go version -m does not name {component.module} {version}")
+    for binary in sorted(staging.iterdir()) if not component.own else []:
+        named = upstream_modules(binary)
+        if not any(
+            version == found and module.startswith(component.module.split("/v")[0]) for module, found in named
+        ):
+            raise BuildError(f"{binary.name}: go version -m names no {component.module} {version}: {named}")
     (staging / ".complete").write_text(f"{component.module} {version} {go_version()}\n")
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
@@ -382,7 +451,9 @@ def build(component: Component) -> Path:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("components", nargs="*", help=f"some of: {' '.join(BY_NAME)}")
     parser.add_argument("--update", action="store_true", help="rewrite go.mod/go.sum from the pins")
     parser.add_argument("--list", action="store_true", help="the components and their pins")

@@ -17,7 +17,12 @@ python310=${3:-}
 base_tag=${4:-}
 mirror=${LAB_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 work=$(mktemp -d /var/tmp/llm-lab-rootfs.XXXXXX)
-trap 'rm -rf "$work"' EXIT
+# an interrupted debootstrap leaves /proc (and more) mounted in the tree: unmount before removing it
+cleanup() {
+  awk -v root="$root" 'index($2, root) == 1 {print $2}' /proc/mounts | sort -r | xargs -r -n1 umount -l
+  rm -rf "$work"
+}
+trap cleanup EXIT
 root=$work/rootfs
 
 # Everything the product roles may ask apt for on a Debian 12 node must be here: the lab
@@ -27,7 +32,7 @@ packages=(
   python3 python3-venv python3-apt python3-debian
   kmod iproute2 iputils-ping procps less jq rsync curl ca-certificates gnupg
   chrony initramfs-tools unattended-upgrades lsb-release cron ethtool
-  runc ipvsadm ipset conntrack
+  ipvsadm ipset conntrack iptables nftables
   python3-yaml
   openssh-client clamav clamav-freshclam
 )
@@ -129,17 +134,14 @@ done
 # as /proc/modules, sysctl accepts writes of values the node already has, and a unit
 # loads /etc/modules-load.d at boot in place of the masked systemd-modules-load.
 kernel=$here/kernel
-install -m 0755 "$kernel/modprobe" "$kernel/sysctl" "$kernel/lab-modules-load" "$root/usr/local/sbin/"
+install -m 0755 "$kernel/modprobe" "$kernel/sysctl" "$kernel/lab-modules-load" "$kernel/lab-proc-sys" \
+  "$root/usr/local/sbin/"
 install -D -m 0644 "$kernel/modules.available" "$root/usr/local/lib/lab-kmod/modules.available"
 install -m 0644 "$kernel/lab_proc_modules.py" "$kernel/lab-proc-modules.pth" "$root/usr/lib/python3/dist-packages/"
 # .pth files run only from a site directory: the 3.10's too
 if [ -n "$python310" ]; then install -m 0644 "$kernel/lab-proc-modules.pth" "$root/usr/local/lib/python3.10/site-packages/"; fi
-install -m 0644 "$kernel/lab-modules-load.service" "$root/etc/systemd/system/"
-chroot "$root" systemctl enable lab-modules-load.service >/dev/null 2>&1
-# No ip_vs in this kernel: Debian's ipvsadm is diverted and the stand-in lists the table the
-# lab's kube-proxy stand-in writes (it execs the real one where /proc/net/ip_vs exists).
-chroot "$root" dpkg-divert --local --rename --divert /sbin/ipvsadm.distrib --add /sbin/ipvsadm >/dev/null
-install -m 0755 "$kernel/ipvsadm" "$root/sbin/ipvsadm"
+install -m 0644 "$kernel/lab-modules-load.service" "$kernel/lab-proc-sys.service" "$root/etc/systemd/system/"
+chroot "$root" systemctl enable lab-modules-load.service lab-proc-sys.service >/dev/null 2>&1
 # The bootstrap user, like the cloud image's default user on the real servers.
 chroot "$root" useradd --create-home --shell /bin/bash labadmin
 chroot "$root" passwd --lock labadmin >/dev/null

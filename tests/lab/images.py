@@ -1,0 +1,268 @@
+"""The container images the lab's cluster pulls, built here and pushed to the lab's registry.
+
+No public registry is reachable from this machine (like an air-gapped site), so every image a pod of the lab
+runs is built here, under the upstream name and tag the product's manifests and kubeadm name
+(registry.k8s.io/kube-apiserver:v1.36.3, quay.io/calico/node:v3.32.1, ...), and pushed to the lab's OCI
+registry (distribution's registry, built from its Go module, on the lab mirror: https://lab-mirror:5000). The
+nodes' containerd uses that registry as its mirror for registry.k8s.io, quay.io, nvcr.io and docker.io
+(roles/containerd's containerd_registry_mirrors; inventories/lab), as an air-gapped site runs.
+
+What each image holds: the real program built from its upstream Go module (tests/lab/gobuild), on an empty
+image where upstream's is distroless, or on the lab's plain Debian 12 image where the program needs tools
+(kube-proxy's nft and iptables). Where nothing real can run here (GPUs), a named stand-in (docs/lab.md).
+
+An image is rebuilt when its inputs change (a label carries their hash), pushed when the registry lacks it;
+the digests the registry gave are written to .lab/images.json for the lab inventory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import ssl
+import subprocess
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+LAB_SRC = Path(__file__).resolve().parent
+REPO = LAB_SRC.parents[1]
+STATE = Path(os.environ.get("LAB_STATE_DIR", REPO / ".lab"))
+REGISTRY_DIR = STATE / "registry"
+DIGESTS = STATE / "images.json"  # ref -> {"inputs": hash, "digest": registry digest}
+# ref -> digest, what inventories/lab reads (lab_image_digests)
+INVENTORY_DIGESTS = STATE / "image-digests.json"
+# The registry as this machine reaches it (the lab network's bridge); the nodes call it lab-mirror:5000.
+REGISTRY_PUSH = "10.89.42.2:5000"
+BASE_IMAGE = "localhost/llm-lab-base:bookworm"
+LABEL = "llm-lab.image-inputs"
+
+_spec = importlib.util.spec_from_file_location("gobuild", LAB_SRC / "gobuild" / "build.py")
+assert _spec is not None and _spec.loader is not None
+gobuild = importlib.util.module_from_spec(_spec)
+sys.modules.setdefault("gobuild", gobuild)
+_spec.loader.exec_module(gobuild)
+
+
+def log(message: str) -> None:
+    print(f"lab-images: {message}", flush=True)
+
+
+class ImageError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Image:
+    """One image: its upstream reference, and how the lab makes it."""
+
+    ref: str  # registry/repository:tag, as the product or kubeadm names it
+    files: Callable[[], dict[str, Path]]  # path in the image -> file here
+    base: str = "scratch"  # "scratch", or the lab's plain Debian 12 image (BASE_IMAGE)
+    entrypoint: tuple[str, ...] = ()
+    cmd: tuple[str, ...] = ()
+    user: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    run: str = ""  # a RUN step (only on BASE_IMAGE)
+    what: str = ""  # a line for docs and logs: real program or stand-in
+
+    @property
+    def repository(self) -> str:
+        """The path under the registry host, which is what a mirror is asked for."""
+        return self.ref.split("/", 1)[1].rsplit(":", 1)[0]
+
+    @property
+    def tag(self) -> str:
+        return self.ref.rsplit(":", 1)[1]
+
+
+def built(component: str, name: str) -> Path:
+    return gobuild.build(gobuild.BY_NAME[component]) / name
+
+
+def kubernetes_version() -> str:
+    return gobuild.required_version(gobuild.BY_NAME["kubernetes"])
+
+
+def kubeadm_constant(name: str) -> str:
+    return gobuild.kubeadm_constant(name)
+
+
+PATH_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
+
+
+def control_plane_image(name: str) -> Image:
+    return Image(
+        f"registry.k8s.io/{name}:{kubernetes_version()}",
+        lambda: {f"/usr/local/bin/{name}": built("kubernetes", name)},
+        env=PATH_ENV,
+        what=f"the real {name} (k8s.io/kubernetes {kubernetes_version()})",
+    )
+
+
+def images() -> list[Image]:
+    """Every image the lab's cluster pulls."""
+    etcd_tag = kubeadm_constant("DefaultEtcdVersion")
+    return [
+        control_plane_image("kube-apiserver"),
+        control_plane_image("kube-controller-manager"),
+        control_plane_image("kube-scheduler"),
+        Image(
+            f"registry.k8s.io/kube-proxy:{kubernetes_version()}",
+            lambda: {"/usr/local/bin/kube-proxy": built("kubernetes", "kube-proxy")},
+            base=BASE_IMAGE,  # it runs nft / iptables-restore: upstream's image carries them too
+            env=PATH_ENV,
+            what=f"the real kube-proxy (k8s.io/kubernetes {kubernetes_version()}) with Debian's nftables, iptables",
+        ),
+        Image(
+            f"registry.k8s.io/etcd:{etcd_tag}",
+            lambda: {
+                f"/usr/local/bin/{name}": built("etcd", name) for name in ("etcd", "etcdctl", "etcdutl")
+            },
+            env=PATH_ENV,
+            what=f"the real etcd {etcd_tag.split('-')[0]} (go.etcd.io/etcd/v3)",
+        ),
+        Image(
+            f"registry.k8s.io/coredns/coredns:{kubeadm_constant('CoreDNSVersion')}",
+            lambda: {"/coredns": built("coredns", "coredns")},
+            entrypoint=("/coredns",),
+            what=f"the real CoreDNS {kubeadm_constant('CoreDNSVersion')} (github.com/coredns/coredns)",
+        ),
+        Image(
+            f"registry.k8s.io/pause:{kubeadm_constant('PauseVersion')}",
+            lambda: {"/pause": built("lab-programs", "pause")},
+            entrypoint=("/pause",),
+            user="65535:65535",
+            what="STAND-IN: the lab's Go pause (upstream's pause is C): holds the namespaces, reaps, exits on TERM",
+        ),
+    ]
+
+
+def containerfile(image: Image, names: dict[str, str]) -> str:
+    lines = [f"FROM {image.base}"]
+    for target, name in names.items():
+        lines.append(f"COPY --chmod=0755 {name} {target}")
+    if image.run:
+        lines.append(f"RUN {image.run}")
+    for key, value in image.env.items():
+        lines.append(f"ENV {key}={value}")
+    if image.user:
+        lines.append(f"USER {image.user}")
+    if image.entrypoint:
+        lines.append(f"ENTRYPOINT {json.dumps(list(image.entrypoint))}")
+    if image.cmd:
+        lines.append(f"CMD {json.dumps(list(image.cmd))}")
+    return "\n".join(lines) + "\n"
+
+
+def podman(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "CONTAINERS_CONF": os.environ.get("CONTAINERS_CONF", str(LAB_SRC / "containers.conf")),
+    }
+    result = subprocess.run(["podman", *args], env=env, capture_output=True, text=True, check=False)
+    if check and result.returncode != 0:
+        raise ImageError(f"podman {' '.join(args[:2])} ... failed: {result.stderr.strip()[-1500:]}")
+    return result
+
+
+def file_hash(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as stream:
+        for chunk in iter(lambda: stream.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def inputs_hash(image: Image, files: dict[str, Path]) -> str:
+    h = hashlib.sha256(containerfile(image, {t: Path(t).name for t in files}).encode())
+    for target, source in sorted(files.items()):
+        h.update(f"{target}\0{file_hash(source)}\0".encode())
+    if image.base != "scratch":
+        h.update(podman("image", "inspect", "--format", "{{.Digest}}", image.base).stdout.strip().encode())
+    return h.hexdigest()[:16]
+
+
+def ensure_built(image: Image) -> str:
+    """Build the image unless podman has it with these inputs; returns the inputs hash."""
+    files = image.files()
+    wanted = inputs_hash(image, files)
+    current = podman(
+        "image", "inspect", "--format", f'{{{{ index .Labels "{LABEL}" }}}}', image.ref, check=False
+    )
+    if current.returncode == 0 and current.stdout.strip() == wanted:
+        return wanted
+    log(f"building {image.ref}: {image.what}")
+    with tempfile.TemporaryDirectory(prefix="llm-lab-image.") as context:
+        names = {}
+        for index, (target, source) in enumerate(sorted(files.items())):
+            name = f"f{index}-{Path(target).name}"
+            shutil.copyfile(source, Path(context) / name)
+            names[target] = name
+        (Path(context) / "Containerfile").write_text(containerfile(image, names))
+        podman("build", "-q", "--label", f"{LABEL}={wanted}", "-t", image.ref, context)
+    return wanted
+
+
+def registry_context() -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(REGISTRY_DIR / "ca.crt"))
+
+
+def registry_digest(image: Image) -> str | None:
+    """The digest the lab registry serves for the image's tag, or None."""
+    request = urllib.request.Request(
+        f"https://{REGISTRY_PUSH}/v2/{image.repository}/manifests/{image.tag}",
+        method="HEAD",
+        headers={
+            "Accept": "application/vnd.oci.image.manifest.v1+json, "
+            "application/vnd.docker.distribution.manifest.v2+json"
+        },
+    )
+    try:
+        with urllib.request.urlopen(request, context=registry_context(), timeout=30) as response:
+            return response.headers.get("Docker-Content-Digest")
+    except urllib.error.HTTPError as err:
+        if err.code == 404:
+            return None
+        raise ImageError(f"registry: HEAD {image.repository}:{image.tag}: HTTP {err.code}") from err
+    except (OSError, urllib.error.URLError) as err:
+        raise ImageError(f"registry https://{REGISTRY_PUSH} not reachable: {err}") from err
+
+
+def ensure_pushed(image: Image, inputs: str, recorded: dict[str, dict[str, str]]) -> str:
+    """Push unless the registry already serves what these inputs built; returns the registry's digest."""
+    known = recorded.get(image.ref, {})
+    served = registry_digest(image)
+    if served and known.get("inputs") == inputs and known.get("digest") == served:
+        return served
+    certs = REGISTRY_DIR / "client"
+    certs.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(REGISTRY_DIR / "ca.crt", certs / "ca.crt")
+    with tempfile.NamedTemporaryFile(prefix="llm-lab-digest.") as digest_file:
+        podman(
+            "push", "-q", "--cert-dir", str(certs), "--digestfile", digest_file.name,
+            image.ref, f"docker://{REGISTRY_PUSH}/{image.repository}:{image.tag}",
+        )  # fmt: skip
+        digest = Path(digest_file.name).read_text().strip()
+    log(f"pushed {image.ref} ({digest[:19]})")
+    return digest
+
+
+def ensure_all(selected: list[Image] | None = None) -> dict[str, str]:
+    """Build and push every image; write .lab/images.json; return ref -> digest."""
+    recorded = json.loads(DIGESTS.read_text()) if DIGESTS.is_file() else {}
+    for image in selected if selected is not None else images():
+        inputs = ensure_built(image)
+        digest = ensure_pushed(image, inputs, recorded)
+        recorded[image.ref] = {"inputs": inputs, "digest": digest}
+        DIGESTS.write_text(json.dumps(recorded, indent=2, sort_keys=True) + "\n")
+    digests = {ref: entry["digest"] for ref, entry in recorded.items()}
+    INVENTORY_DIGESTS.write_text(json.dumps(digests, indent=2, sort_keys=True) + "\n")
+    return digests
