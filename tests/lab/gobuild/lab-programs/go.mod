@@ -3,6 +3,7 @@ module lab.local/gobuild/lab-programs
 go 1.26.8
 
 require (
+	github.com/containernetworking/cni v1.3.0
 	github.com/fsnotify/fsnotify v1.9.0
 	google.golang.org/grpc v1.79.3
 	k8s.io/kubelet v0.36.3
