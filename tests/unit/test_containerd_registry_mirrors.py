@@ -243,7 +243,7 @@ def test_validate_refuses_a_bad_entry_before_any_change(tmp_path: Path) -> None:
     assert "containerd_registry_mirrors[0] (quay.io): endpoints[0]" in out, run.stdout[-3000:]
     # the hint in the message is text, not a template Ansible would run
     assert "containerd_registry_mirrors[1] (nvcr.io): ca" in out
-    assert "lookup('file', 'files/site-ca.crt')" in out
+    assert "lookup('file', inventory_dir ~ '/files/site-ca.crt')" in out
 
 
 def test_the_hosts_files_converge_idempotent_honest_in_check_mode(tmp_path: Path, ca_pem: str) -> None:

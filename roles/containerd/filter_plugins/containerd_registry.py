@@ -93,8 +93,9 @@ def _ca_error(where: str, ca: Any) -> str | None:
     if not blocks or PEM_BLOCK.sub("", text).strip():
         return (
             f"{where}: ca must be the PEM text of the CA certificate(s) that signed the endpoints' "
-            "certificates (-----BEGIN CERTIFICATE----- ... -----END CERTIFICATE-----), not a path: "
-            "ca: \"{{ lookup('file', 'files/site-ca.crt') }}\" reads a file on the controller"
+            "certificates (-----BEGIN CERTIFICATE----- ... -----END CERTIFICATE-----), not a path; "
+            "to read a file on the controller: "
+            "ca: \"{{ lookup('file', inventory_dir ~ '/files/site-ca.crt') }}\""
         )
     return None
 
