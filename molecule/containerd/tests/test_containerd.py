@@ -3,10 +3,12 @@
 --force-ansible --sudo``).
 
 What the daemon runs with is read from the daemon's side (`containerd config dump`, `ctr`), parsed,
-not grepped; the packages are checked pinned and held.
+not grepped; the packages are checked pinned and held. The registry mirrors' hosts.toml files are parsed
+with tomllib here, on the controller.
 """
 
 import tomllib
+from pathlib import Path
 
 CONTAINERD = ("containerd.io", "2.1.9-1~ubuntu.22.04~jammy", "2.1.9")
 TOOLKIT = (
@@ -83,3 +85,50 @@ def test_toolkit_pinned_and_held(host):
         assert name in held(host)
         # the mirror also has 1.18.2-1: the pin keeps 1.18.1-1
         assert candidate(host, name) == TOOLKIT_VERSION
+
+
+# --- containerd_registry_mirrors and containerd_restrict_oom_score_adj (molecule.yml's values) ---------
+
+CERTS_D = "/etc/containerd/certs.d"
+MARKER = ".managed-by-ansible-role-containerd"
+MIRROR_CA = Path(__file__).resolve().parents[1] / "files" / "mirror-ca.crt"
+
+
+def hosts_toml(host, registry):
+    return tomllib.loads(host.file(f"{CERTS_D}/{registry}/hosts.toml").content_string)
+
+
+def test_daemon_reads_the_registry_hosts_directory_and_restricts_oom_score_adj(host):
+    config = running_config(host)
+    assert config["plugins"]["io.containerd.cri.v1.images"]["registry"]["config_path"] == CERTS_D
+    assert config["plugins"][CRI_RUNTIME]["restrict_oom_score_adj"] is True
+
+
+def test_registry_k8s_io_goes_through_the_mirror_with_its_ca(host):
+    parsed = hosts_toml(host, "registry.k8s.io")
+    assert parsed["server"] == "https://registry.k8s.io"
+    mirror = {"capabilities": ["pull", "resolve"], "ca": f"{CERTS_D}/registry.k8s.io/ca.crt"}
+    assert parsed["host"] == {"https://lab-mirror:5000": mirror}
+    ca = host.file(f"{CERTS_D}/registry.k8s.io/ca.crt")
+    assert ca.mode == 0o644
+    assert ca.content_string.strip() == MIRROR_CA.read_text().strip()
+    # the CA the node got is a certificate its openssl reads
+    assert "molecule containerd mirror test CA" in host.check_output(
+        f"openssl x509 -noout -subject -in {CERTS_D}/registry.k8s.io/ca.crt"
+    )
+
+
+def test_docker_io_tries_both_mirrors_in_order_then_registry_1(host):
+    parsed = hosts_toml(host, "docker.io")
+    assert parsed["server"] == "https://registry-1.docker.io"
+    assert list(parsed["host"]) == ["https://lab-mirror:5000", "https://lab-mirror-2:5000"]
+    assert not host.file(f"{CERTS_D}/docker.io/ca.crt").exists
+
+
+def test_only_the_roles_own_stale_directory_was_removed(host):
+    # prepare.yml left a marked directory of a registry not in the list, and a site's own one
+    assert not host.file(f"{CERTS_D}/old-mirror.example").exists
+    assert host.file(f"{CERTS_D}/site.example/hosts.toml").exists
+    assert not host.file(f"{CERTS_D}/site.example/{MARKER}").exists
+    assert host.file(f"{CERTS_D}/registry.k8s.io/{MARKER}").exists
+    assert host.file(f"{CERTS_D}/docker.io/{MARKER}").exists
