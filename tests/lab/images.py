@@ -142,6 +142,101 @@ def images() -> list[Image]:
             user="65535:65535",
             what="STAND-IN: the lab's Go pause (upstream's pause is C): holds the namespaces, reaps, exits on TERM",
         ),
+        Image(
+            f"nvcr.io/nvidia/k8s/dcgm-exporter:{gobuild.role_default('monitoring', 'monitoring_dcgm_exporter_version')}"
+            "-distroless",
+            lambda: {
+                "/usr/local/lib/dcgm-exporter/dcgm_exporter.py": LAB_SRC / "nvidia" / "dcgm_exporter.py",
+                "/usr/local/lib/dcgm-exporter/pynvml.py": LAB_SRC / "fake_nvml" / "pynvml.py",
+            },
+            base=BASE_IMAGE,
+            run="ln -s /usr/local/lib/dcgm-exporter/dcgm_exporter.py /usr/bin/dcgm-exporter",
+            # the real image's environment: the runtime gives it every GPU, the driver's NVML
+            env={
+                "NVIDIA_VISIBLE_DEVICES": "all",
+                "NVIDIA_DRIVER_CAPABILITIES": "compute,utility,compat32",
+                "NVIDIA_DISABLE_REQUIRE": "true",
+            },
+            entrypoint=("/usr/bin/dcgm-exporter",),
+            what="STAND-IN: dcgm-exporter's flags, counters CSV and metrics from the fake NVML (tests/lab/nvidia)",
+        ),
+        Image(
+            f"nvcr.io/nvidia/k8s-device-plugin:{gobuild.role_default('nvidia_device_plugin', 'nvidia_device_plugin_version')}",
+            lambda: {"/usr/bin/nvidia-device-plugin": built("lab-programs", "nvidia-device-plugin")},
+            env={"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility"},
+            entrypoint=("/usr/bin/nvidia-device-plugin",),
+            what="STAND-IN: the kubelet's real device-plugin API over the fake NVML (lab-programs)",
+        ),
+        *calico_images(),
+        *monitoring_images(),
+    ]
+
+
+def monitoring_images() -> list[Image]:
+    """Prometheus and Alertmanager built from their modules at the monitoring role's tags; Grafana stood in."""
+
+    def ref(variable: str) -> str:
+        return gobuild.role_default("monitoring", variable)
+
+    return [
+        Image(
+            ref("monitoring_prometheus_image"),
+            lambda: {f"/bin/{name}": built("prometheus", name) for name in ("prometheus", "promtool")},
+            user="65534:65534",
+            entrypoint=("/bin/prometheus",),
+            what="the real Prometheus (github.com/prometheus/prometheus; its web UI's built assets are not)",
+        ),
+        Image(
+            ref("monitoring_alertmanager_image"),
+            lambda: {f"/bin/{name}": built("alertmanager", name) for name in ("alertmanager", "amtool")},
+            user="65534:65534",
+            entrypoint=("/bin/alertmanager",),
+            what="the real Alertmanager (github.com/prometheus/alertmanager)",
+        ),
+        Image(
+            ref("monitoring_grafana_image"),
+            lambda: {"/usr/share/grafana/bin/grafana-standin": built("lab-programs", "grafana-standin")},
+            user="472:472",
+            entrypoint=("/usr/share/grafana/bin/grafana-standin",),
+            what="STAND-IN: checks the provisioned files and answers /api/health (Grafana cannot be built here)",
+        ),
+    ]
+
+
+def calico_images() -> list[Image]:
+    """Calico's images under their names, standing in (Calico's Go module at the pinned release is not served
+    here, BIRD is C): their programs are calico-standin, the data plane kube-router (real; docs/lab.md)."""
+    version = gobuild.role_default("calico", "calico_version")
+
+    def standin(*names: str) -> Callable[[], dict[str, Path]]:
+        return lambda: {name: built("lab-programs", "calico-standin") for name in names}
+
+    return [
+        Image(
+            f"quay.io/calico/node:{version}",
+            lambda: {
+                "/usr/local/bin/kube-router": built("kube-router", "kube-router"),
+                "/bin/calico-node": built("lab-programs", "calico-standin"),
+            },
+            base=BASE_IMAGE,  # kube-router runs iptables, ipset
+            env=PATH_ENV,
+            entrypoint=("/bin/calico-node",),
+            what="STAND-IN programs over the real kube-router v2.1.0 (pod routes, NetworkPolicy)",
+        ),
+        Image(
+            f"quay.io/calico/cni:{version}",
+            standin("/opt/cni/bin/install", "/opt/cni/bin/calico-ipam"),
+            env=PATH_ENV,
+            entrypoint=("/opt/cni/bin/install",),
+            what="STAND-IN: writes the bridge + host-local conflist kube-router fills in",
+        ),
+        Image(
+            f"quay.io/calico/kube-controllers:{version}",
+            standin("/usr/bin/kube-controllers", "/usr/bin/check-status"),
+            user="999:999",  # its pod runs as non-root
+            entrypoint=("/usr/bin/kube-controllers",),
+            what="STAND-IN: no Calico datastore to reconcile; its probes answer",
+        ),
     ]
 
 
@@ -236,8 +331,11 @@ def registry_digest(image: Image) -> str | None:
         raise ImageError(f"registry https://{REGISTRY_PUSH} not reachable: {err}") from err
 
 
-def ensure_pushed(image: Image, inputs: str, recorded: dict[str, dict[str, str]]) -> str:
-    """Push unless the registry already serves what these inputs built; returns the registry's digest."""
+def ensure_pushed(
+    image: Image, inputs: str, recorded: dict[str, dict[str, str]], local: str | None = None
+) -> str:
+    """Push (the local image LOCAL, default the image's own name) unless the registry already serves what these
+    inputs built; returns the registry's digest."""
     known = recorded.get(image.ref, {})
     served = registry_digest(image)
     if served and known.get("inputs") == inputs and known.get("digest") == served:
@@ -248,19 +346,23 @@ def ensure_pushed(image: Image, inputs: str, recorded: dict[str, dict[str, str]]
     with tempfile.NamedTemporaryFile(prefix="llm-lab-digest.") as digest_file:
         podman(
             "push", "-q", "--cert-dir", str(certs), "--digestfile", digest_file.name,
-            image.ref, f"docker://{REGISTRY_PUSH}/{image.repository}:{image.tag}",
+            local or image.ref, f"docker://{REGISTRY_PUSH}/{image.repository}:{image.tag}",
         )  # fmt: skip
         digest = Path(digest_file.name).read_text().strip()
     log(f"pushed {image.ref} ({digest[:19]})")
     return digest
 
 
-def ensure_all(selected: list[Image] | None = None) -> dict[str, str]:
-    """Build and push every image; write .lab/images.json; return ref -> digest."""
+def ensure_all(site_images: dict[str, str] | None = None) -> dict[str, str]:
+    """Build and push every image, and push SITE_IMAGES (registry ref -> local podman image, built elsewhere:
+    the gateway); write .lab/images.json and .lab/image-digests.json; return ref -> digest."""
     recorded = json.loads(DIGESTS.read_text()) if DIGESTS.is_file() else {}
-    for image in selected if selected is not None else images():
-        inputs = ensure_built(image)
-        digest = ensure_pushed(image, inputs, recorded)
+    work: list[tuple[Image, str, str | None]] = [(image, ensure_built(image), None) for image in images()]
+    for ref, local in (site_images or {}).items():
+        local_id = podman("image", "inspect", "--format", "{{.Id}}", local).stdout.strip()
+        work.append((Image(ref, dict, what=f"{local} (built here)"), local_id, local))
+    for image, inputs, local in work:
+        digest = ensure_pushed(image, inputs, recorded, local)
         recorded[image.ref] = {"inputs": inputs, "digest": digest}
         DIGESTS.write_text(json.dumps(recorded, indent=2, sort_keys=True) + "\n")
     digests = {ref: entry["digest"] for ref, entry in recorded.items()}

@@ -177,6 +177,8 @@ def ensure_image(rebuild: bool = False) -> None:
 
 
 GATEWAY_IMAGE = "localhost/llm-gateway:0.1.0"
+# where inventories/lab has the gateway's pods pull it from: the lab registry as the site's registry
+GATEWAY_REGISTRY_REF = "lab-mirror:5000/llm-platform/llm-gateway:0.1.0"
 # llm_gateway_image_digest of inventories/lab: the digest of the gateway image built here
 GATEWAY_DIGEST_FILE = STATE / "llm-gateway-image.digest"
 
@@ -248,6 +250,7 @@ def mirror_inputs() -> list[Path]:
     return [
         *files,
         LAB_SRC / "fake_nvml" / "pynvml.py",
+        LAB_SRC / "nvidia" / "nvidia_container_runtime.py",  # the toolkit package carries it
         REPO / "module_utils" / "model_tools.py",
         client,
         LAB_SRC / "upstream_manifests.py",  # which upstream manifests the mirror serves, and their pins
@@ -444,7 +447,8 @@ def go_build(component: str) -> Path:
 def ensure_images() -> None:
     """Every image the lab's cluster pulls, built and pushed to the lab registry (tests/lab/images.py)."""
     try:
-        digests = images.ensure_all()
+        # the gateway, built from serve/Containerfile, goes to the lab registry standing in for the site's own
+        digests = images.ensure_all({GATEWAY_REGISTRY_REF: GATEWAY_IMAGE})
     except images.ImageError as err:
         raise LabError(str(err)) from err
     log(f"{len(digests)} images in the lab registry (digests in .lab/images.json)")
@@ -493,6 +497,9 @@ def install_fake_gpus(node: Node) -> None:
         "exec", node.name, "sh", "-c",
         f"printf '%s' '{wrapper}' > /usr/local/sbin/fake-nvml && chmod 0755 /usr/local/sbin/fake-nvml",
     )  # fmt: skip
+    # and the Kubernetes faults (scripts/lab-fault NODE kube ...), done to the real components
+    podman("cp", str(LAB_SRC / "kube" / "lab_kube_fault.py"), f"{node.name}:/usr/local/sbin/lab-kube-fault")
+    podman("exec", node.name, "chmod", "0755", "/usr/local/sbin/lab-kube-fault")
     has_state = (
         podman("exec", node.name, "test", "-f", "/var/lib/fake-nvml/state.json", check=False).returncode == 0
     )

@@ -299,7 +299,7 @@ LAB_PROGRAMS = Component(
     "lab.local/gobuild/lab-programs",
     lambda: "devel",
     # the lab's own programs (docs/lab.md: each stands in where nothing real can run here)
-    ("./cmd/pause",),
+    ("./cmd/pause", "./cmd/nvidia-device-plugin", "./cmd/calico-standin", "./cmd/grafana-standin"),
     own=True,
 )
 BY_NAME = {component.name: component for component in (*COMPONENTS, LAB_PROGRAMS)}

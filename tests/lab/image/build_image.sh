@@ -78,14 +78,18 @@ if [ -n "$python310" ]; then
   echo "lab-image: building python-apt $apt_version for Python 3.10"
   chroot "$root" apt-get -qq -o APT::Default-Release=bookworm install --no-install-recommends \
     g++ libapt-pkg-dev dpkg-dev >/dev/null
+  mount -t proc proc "$root/proc"
+  mount --bind /dev "$root/dev"
   chroot "$root" sh -ec "
     mkdir -p /tmp/python-apt && cd /tmp/python-apt
-    apt-get -qq source --download-only python-apt=$apt_version >/dev/null
+    apt-get -qq source --download-only python-apt=$apt_version >/dev/null 2>&1
     dpkg-source -x --no-check python-apt_*.dsc src >/dev/null
     /usr/local/bin/python3.10 -m venv /tmp/python-apt/venv
-    cd src && DEBVER=$apt_version /tmp/python-apt/venv/bin/python setup.py -q build_ext >/dev/null 2>&1
+    cd src && DEBVER=$apt_version /tmp/python-apt/venv/bin/python setup.py -q build_ext >build.log 2>&1 \
+      || { tail -30 build.log >&2; exit 1; }
     cp build/lib.*/apt_pkg.cpython-310-*.so build/lib.*/apt_inst.cpython-310-*.so /usr/lib/python3/dist-packages/
-    cd / && rm -rf /tmp/python-apt"
+    cd / && rm -rf /tmp/python-apt" || { echo "lab-image: building python-apt for 3.10 failed" >&2; exit 1; }
+  umount "$root/dev" "$root/proc"
   chroot "$root" apt-get -qq purge g++ libapt-pkg-dev dpkg-dev >/dev/null
   chroot "$root" apt-get -qq autoremove --purge >/dev/null
   chroot "$root" python3 -c 'import sys, apt, apt_pkg, debian.deb822; assert sys.version_info[:2] == (3, 10)'

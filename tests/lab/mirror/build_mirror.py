@@ -42,6 +42,7 @@ _spec.loader.exec_module(gobuild)
 GO_COMPONENTS = ("kubernetes", "containerd", "runc", "cri-tools", "cni-plugins")
 
 FAKE_NVML_DIR = HERE.parent / "fake_nvml"
+NVIDIA_RUNTIME = HERE.parent / "nvidia" / "nvidia_container_runtime.py"
 PAYLOADS = HERE / "payloads"
 GPG_UID = "LLM Lab Mirror (stand-in vendor archive key) <lab-mirror@llm-lab.invalid>"
 
@@ -307,7 +308,11 @@ def container_toolkit_packages(version: str, repo: str) -> list[Package]:
             version=version,
             repo=repo,
             summary="NVIDIA Container Toolkit base",
-            files={"/usr/bin/nvidia-ctk": (payload("nvidia-ctk", version=upstream), 0o755)},
+            files={
+                "/usr/bin/nvidia-ctk": (payload("nvidia-ctk", version=upstream), 0o755),
+                # the runtime containerd's `nvidia` handler runs (tests/lab/nvidia: the lab's GPUs for runc)
+                "/usr/bin/nvidia-container-runtime": (NVIDIA_RUNTIME.read_text(), 0o755),
+            },
         ),
         Package(
             name="libnvidia-container1",
