@@ -8,11 +8,14 @@ not grepped; the packages are checked pinned and held.
 
 import tomllib
 
+import yaml
+
 CONTAINERD = ("containerd.io", "2.1.9-1~ubuntu.22.04~jammy", "2.1.9")
 TOOLKIT = ("nvidia-container-toolkit", "nvidia-container-toolkit-base")
 TOOLKIT_VERSION = "1.18.1-1"
 PAUSE = "registry.k8s.io/pause:3.10.2"
 CRI_RUNTIME = "io.containerd.cri.v1.runtime"
+CRI_SOCKET = "unix:///run/containerd/containerd.sock"  # kubernetes_cri_socket (roles/kubernetes/vars)
 
 
 def held(host):
@@ -78,3 +81,14 @@ def test_toolkit_pinned_and_held(host):
         assert name in held(host)
         # the mirror also has 1.18.2-1: the pin keeps 1.18.1-1
         assert candidate(host, name) == TOOLKIT_VERSION
+
+
+def test_crictl_points_at_the_socket_the_daemon_serves(host):
+    crictl = host.file("/etc/crictl.yaml")
+    assert (crictl.user, crictl.group, crictl.mode) == ("root", "root", 0o644)
+    assert "unix://" + running_config(host)["grpc"]["address"] == CRI_SOCKET
+    assert yaml.safe_load(crictl.content_string) == {
+        "runtime-endpoint": CRI_SOCKET,
+        "image-endpoint": CRI_SOCKET,
+        "timeout": 10,
+    }
