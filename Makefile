@@ -7,6 +7,8 @@ SHELL := /bin/bash
 
 VENV ?= .venv
 BIN := $(CURDIR)/$(VENV)/bin
+# the node-side unit tests' venv, of the nodes' Python (Ubuntu 22.04: 3.10; scripts/node-python.py)
+NODE_VENV ?= .venv310
 export PATH := $(BIN):$(PATH)
 export CONTAINERS_CONF ?= $(CURDIR)/tests/lab/containers.conf
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
@@ -14,7 +16,7 @@ LAB_INVENTORY := inventories/lab/hosts.yml
 PLAYBOOKS := $(wildcard playbooks/*.yml playbooks/remediate/*.yml)
 MOLECULE_SCENARIOS := $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml)))
 
-.PHONY: help deps venv lab lab-up lab-status lab-destroy lab-image-rebuild lint syntax sanity unit molecule lab-test test
+.PHONY: help deps venv node-venv lab lab-up lab-status lab-destroy lab-image-rebuild lint syntax sanity unit molecule lab-test test
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -30,6 +32,25 @@ $(VENV)/.installed: pyproject.toml $(wildcard serve/pyproject.toml serve/tools/p
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
 	if [ -f serve/pyproject.toml ]; then $(BIN)/pip install -q -e './serve[test]' -e ./serve/tools; fi
+	touch $@
+
+node-venv: $(NODE_VENV)/.installed ## the node-side unit tests' venv, of the nodes' Python (3.10)
+
+# Its interpreter is python3.10 on PATH, else pyenv's newest 3.10.* (no 3.10 found: fails saying how to get
+# one; CI must run the node-side tests under the nodes' Python). It gets the test harness at the dev pins,
+# the packages the roles put into the nodes' /opt venvs at the roles' pins, and ansible-core at its pin
+# without dependencies and past its Requires-Python (>=3.11, for its controller): only its module_utils
+# are imported there, the files AnsiballZ ships to a node, which ansible-core 2.19 supports on target
+# Pythons 3.8-3.13; its controller code is never imported there.
+$(NODE_VENV)/.installed: pyproject.toml scripts/node-python.py module_utils/model_tools.py roles/model_sync/files/model_tools_contract.py roles/kubernetes_api_client/defaults/main.yml | $(VENV)/.installed
+	python310=$$($(BIN)/python scripts/node-python.py interpreter)
+	echo "venv: the node-side tests' venv $(NODE_VENV) from $$python310"
+	rm -rf $(NODE_VENV)
+	"$$python310" -m venv $(NODE_VENV)
+	$(NODE_VENV)/bin/pip install -q --upgrade pip
+	$(BIN)/python scripts/node-python.py requirements > $(NODE_VENV)/requirements.txt
+	$(NODE_VENV)/bin/pip install -q -r $(NODE_VENV)/requirements.txt
+	$(NODE_VENV)/bin/pip install -q --no-deps --ignore-requires-python "$$($(BIN)/python scripts/node-python.py ansible-core)"
 	touch $@
 
 lab-up: deps venv ## start (or repair) the three lab nodes and the mirror
@@ -53,6 +74,8 @@ lab-image-rebuild: deps venv ## rebuild the node image even if it is current
 lint: venv ## ruff, ansible-lint (production profile), strict mypy on the gateway package
 	ruff check .
 	ruff format --check .
+	# the code that runs on the nodes, held to their Python (3.10) by vermin: standard-library members too
+	$(BIN)/python scripts/node-python.py lint
 	ansible-lint
 	if [ -f serve/pyproject.toml ]; then (cd serve && mypy); fi
 
@@ -67,9 +90,15 @@ syntax: venv ## --syntax-check every playbook against both inventories
 sanity: venv ## ansible-test's validate-modules on library/ (in a throw-away collection)
 	$(BIN)/python scripts/validate-modules.py
 
-unit: venv ## unit tests (modules against the fake NVML; the gateway package's own suite)
+unit: venv node-venv ## unit tests (modules against the fake NVML; the gateway package's own suite), the node-side ones under 3.10 too
 	# one worker per core (pytest-xdist): each test makes its own files, servers and ports
 	pytest -n auto tests/unit
+	# The node-side tests again under the nodes' Python (3.10, $(NODE_VENV)). Selected by a rule, not a
+	# list, so a new one is not left out: a test file is node-side when it imports node-side code (a
+	# library/ module, one of the project's ansible.module_utils), names a node-side file in a string
+	# ("gpu_tuning_apply.py"), or imports a test file that is node-side (scripts/node-python.py tests;
+	# tests/unit/test_node_python.py holds the rule to it).
+	$(NODE_VENV)/bin/python -m pytest -n auto $$($(BIN)/python scripts/node-python.py tests)
 	# serve/ is its own package with its own conftest: a separate run
 	if [ -d serve/tests ]; then pytest serve/tests; fi
 

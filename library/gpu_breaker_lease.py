@@ -136,7 +136,7 @@ class Lease:
 
 
 def now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
+    return dt.datetime.now(dt.timezone.utc)
 
 
 def main() -> None:

@@ -183,7 +183,7 @@ def main() -> None:
     for node in p["nodes"]:
         if not isinstance(node.get("metadata"), dict) or not node["metadata"].get("name"):
             module.fail_json(msg="nodes: every element must be a Node object with metadata.name")
-    time = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    time = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     common: dict[str, Any] = {
         "changed": False,
         "annotation": CORDON_ANNOTATION,

@@ -115,7 +115,7 @@ def parse_time(text: str | None) -> dt.datetime | None:
         moment = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         return None
-    return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
+    return moment if moment.tzinfo else moment.replace(tzinfo=dt.timezone.utc)
 
 
 def lease_live_holder(lease: Mapping[str, Any], me: str, now: dt.datetime) -> str | None:

@@ -232,7 +232,7 @@ class KubeApi:
 
 
 def now_utc() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
+    return dt.datetime.now(dt.timezone.utc)
 
 
 def rfc3339(moment: dt.datetime) -> str:

@@ -21,10 +21,13 @@ if TYPE_CHECKING:
 MODEL_TOOLS_VENV = "/opt/model-tools"
 MODEL_TOOLS_PYTHON = venv_python(MODEL_TOOLS_VENV)
 
-# PyPI requirement -> the module it provides; the model_sync role pip-installs exactly these.
+# PyPI requirement -> the module it provides; the model_sync role pip-installs exactly these, into a venv
+# of the node's python3 (Ubuntu 22.04: 3.10), so each must install on 3.10. picklescan: 1.0.4, not 1.0.5
+# (Requires-Python >=3.11); both have the same safe and unsafe globals (1.0.5 only adds --strict, which
+# refuses "suspicious" globals: gate_pickle refuses every global that is not innocuous anyway).
 MODEL_TOOLS_REQUIREMENTS: dict[str, str] = {
     "tokenizers==0.23.3": "tokenizers",
-    "picklescan==1.0.5": "picklescan",
+    "picklescan==1.0.4": "picklescan",
     "bandit==1.9.4": "bandit",
 }
 

@@ -66,6 +66,11 @@ def test_summary_names_each_model_and_the_gateway(first_run: Run) -> None:
     assert "gateway: http://10.89.42.11:30001 (2/2 pods ready)" in text, first_run.tail()
 
 
+def test_no_loop_variable_collision(first_run: Run) -> None:
+    # the validation loop that includes the roles names its own loop_var (issue 16 item 14)
+    assert "The loop variable 'item' is already in use" not in first_run.output, first_run.tail()
+
+
 def test_objects_exist_in_the_api_as_rendered(first_run: Run) -> None:
     assert first_run.rc == 0
     sts = kubectl_json(f"get statefulset {MODEL['name']}")

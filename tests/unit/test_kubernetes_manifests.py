@@ -212,6 +212,17 @@ def test_kubeadm_config_validate_refuses_a_wrong_type(tmp_path: Path) -> None:
     assert result.returncode != 0 and "bindPort" in result.stderr, result.stderr
 
 
+def test_crictl_uses_the_cri_socket_kubeadm_registers(tmp_path: Path) -> None:
+    # one home (kubernetes_cri_socket): crictl on the nodes talks to the socket the kubelet is given
+    _, docs = kubeadm_config(tmp_path)
+    crictl = yaml.safe_load(render("containerd", "crictl.yaml.j2"))
+    socket = docs["InitConfiguration"]["nodeRegistration"]["criSocket"]
+    assert (
+        socket == role_vars("kubernetes")["kubernetes_cri_socket"] == "unix:///run/containerd/containerd.sock"
+    )
+    assert crictl == {"runtime-endpoint": socket, "image-endpoint": socket, "timeout": 10}
+
+
 def test_audit_policy_records_the_on_call_questions() -> None:
     policy = yaml.safe_load(render("kubeadm_control_plane", "audit-policy.yaml.j2"))
     assert policy["apiVersion"] == "audit.k8s.io/v1" and policy["kind"] == "Policy"

@@ -163,15 +163,14 @@ def test_ecc_cordon_breaker_fails_naming_the_node_left_alone(fresh: Site) -> Non
 def test_ecc_cordon_waits_for_an_agent_holding_the_breaker_lease(fresh: Site) -> None:
     """The playbook decides under the agents' Lease: while an agent holds it, it waits, then sees the
     agent's cordon and holds its own node back instead of cordoning a second one."""
-    import datetime as dt
-
     from ansible.module_utils.gpu_breaker import micro_time
+    from ansible.module_utils.gpu_health_agent import now_utc  # the agents' clock (and Python 3.10's)
 
     admin, path = fresh.cluster.admin, fresh.cluster.lease_path
     lease = admin.ok("GET", path)
     fresh.fault("gpu-node-2", "ecc", "--gpu", "1", "--uncorrectable", "1")
     lease["spec"].update(
-        holderIdentity="gpu-node-3", leaseDurationSeconds=60, renewTime=micro_time(dt.datetime.now(dt.UTC))
+        holderIdentity="gpu-node-3", leaseDurationSeconds=60, renewTime=micro_time(now_utc())
     )
     admin.ok("PUT", path, lease)
     proc = subprocess.Popen(

@@ -1,5 +1,7 @@
 """Verify what the common role converged (testinfra, run by molecule)."""
 
+import yaml
+
 NODES = {"mol-common-1": "10.89.42.31", "mol-common-2": "10.89.42.32"}
 
 
@@ -9,6 +11,16 @@ HOSTS_BLOCK = "cluster nodes (managed by Ansible, role common)"
 def test_hostname_is_the_inventory_name(host):
     # prepare.yml renamed the node "<name>-unnamed": only the role puts the name back
     assert host.run("hostname").stdout.strip() == host.backend.get_hostname()
+
+
+def test_cloud_init_keeps_the_host_name_where_it_is_installed(host):
+    # prepare.yml gave only mol-common-1 cloud-init's configuration directory
+    dropin = host.file("/etc/cloud/cloud.cfg.d/99-llm-platform-hostname.cfg")
+    if host.backend.get_hostname() == "mol-common-1":
+        assert yaml.safe_load(dropin.content_string) == {"preserve_hostname": True}
+        assert (dropin.user, dropin.group, dropin.mode) == ("root", "root", 0o644)
+    else:
+        assert not host.file("/etc/cloud").exists
 
 
 def test_etc_hosts_block_lists_every_cluster_node(host):

@@ -10,6 +10,8 @@ with tomllib here, on the controller.
 import tomllib
 from pathlib import Path
 
+import yaml
+
 CONTAINERD = ("containerd.io", "2.1.9-1~ubuntu.22.04~jammy", "2.1.9")
 TOOLKIT = (
     "nvidia-container-toolkit",
@@ -20,6 +22,7 @@ TOOLKIT = (
 TOOLKIT_VERSION = "1.18.1-1"
 PAUSE = "registry.k8s.io/pause:3.10.2"
 CRI_RUNTIME = "io.containerd.cri.v1.runtime"
+CRI_SOCKET = "unix:///run/containerd/containerd.sock"  # kubernetes_cri_socket (roles/kubernetes/vars)
 
 
 def held(host):
@@ -132,3 +135,14 @@ def test_only_the_roles_own_stale_directory_was_removed(host):
     assert not host.file(f"{CERTS_D}/site.example/{MARKER}").exists
     assert host.file(f"{CERTS_D}/registry.k8s.io/{MARKER}").exists
     assert host.file(f"{CERTS_D}/docker.io/{MARKER}").exists
+
+
+def test_crictl_points_at_the_socket_the_daemon_serves(host):
+    crictl = host.file("/etc/crictl.yaml")
+    assert (crictl.user, crictl.group, crictl.mode) == ("root", "root", 0o644)
+    assert "unix://" + running_config(host)["grpc"]["address"] == CRI_SOCKET
+    assert yaml.safe_load(crictl.content_string) == {
+        "runtime-endpoint": CRI_SOCKET,
+        "image-endpoint": CRI_SOCKET,
+        "timeout": 10,
+    }
