@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-CONTAINERD = ("containerd.io", "2.1.9-1~ubuntu.22.04~jammy", "2.1.9")
+CONTAINERD = ("containerd.io", "2.3.4-1~ubuntu.22.04~jammy", "2.3.4")
 TOOLKIT = (
     "nvidia-container-toolkit",
     "nvidia-container-toolkit-base",
