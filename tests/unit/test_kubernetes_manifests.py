@@ -191,6 +191,8 @@ def test_kubeadm_config_content(tmp_path: Path) -> None:
     assert init["nodeRegistration"] == {
         "name": "gpu-node-1",
         "criSocket": "unix:///run/containerd/containerd.sock",
+        # the kubelet's InternalIP (and so Calico's address, below) is node_ip, not the default route's
+        "kubeletExtraArgs": [{"name": "node-ip", "value": NODE["node_ip"]}],
     }
     assert cluster["kubernetesVersion"] == "v" + role_vars("kubernetes")["kubernetes_version"]
     assert cluster["networking"] == {"podSubnet": "10.244.0.0/16", "serviceSubnet": "10.96.0.0/12"}

@@ -742,15 +742,14 @@ def proxy_config(s: Settings) -> dict[str, Any]:
 
 
 def write_kubelet_files(
-    config: dict[str, Any], cri: str, node_ip: str | None, extra: list[dict[str, str]], image_repo: str
+    config: dict[str, Any], cri: str, extra: list[dict[str, str]], image_repo: str
 ) -> None:
+    # as real kubeadm, no --node-ip of its own: one comes only from nodeRegistration.kubeletExtraArgs
     write_file(f"{KUBELET_DIR}/config.yaml", dump(config), 0o644)
     flags = [
         f"--container-runtime-endpoint={cri}",
         f"--pod-infra-container-image={image_repo}/pause:{PAUSE_TAG}",
     ]
-    if node_ip:
-        flags.append(f"--node-ip={node_ip}")
     flags += [f"--{a['name']}={a.get('value', '')}" for a in extra or []]
     write_file(f"{KUBELET_DIR}/kubeadm-flags.env", f'KUBELET_KUBEADM_ARGS="{" ".join(flags)}"\n', 0o644)
     log(f'[kubelet-start] Writing kubelet configuration to file "{KUBELET_DIR}/config.yaml"')
@@ -1455,12 +1454,9 @@ def cmd_init(args: argparse.Namespace, given: set[str]) -> None:
         phase_kubeconfig(s)
     if "control-plane" not in skip:
         phase_manifests(s)
-    node_ip = s.advertise
     if "kubelet-start" not in skip:
         reg = docs.get("InitConfiguration", {}).get("nodeRegistration") or {}
-        write_kubelet_files(
-            kubelet_config(s), s.cri, node_ip, reg.get("kubeletExtraArgs") or [], s.image_repo
-        )
+        write_kubelet_files(kubelet_config(s), s.cri, reg.get("kubeletExtraArgs") or [], s.image_repo)
     # The API server stand-in: a systemd unit instead of the kubelet running the static pod.
     write_file(
         APISERVER_ENV,
@@ -1684,15 +1680,7 @@ def cmd_join(args: argparse.Namespace, given: set[str]) -> None:
 
     config = _load(kubelet_cm["data"]["kubelet"])[0]
     write_file(ca_path, ca_pem.decode(), 0o644)
-    node_ip = None
-    host = server.removeprefix("https://").rsplit(":", 1)[0]
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect((host, 1))
-            node_ip = s.getsockname()[0]
-        except OSError:
-            node_ip = None
-    write_kubelet_files(config, cri, node_ip, reg.get("kubeletExtraArgs") or [], IMAGE_REPOSITORY)
+    write_kubelet_files(config, cri, reg.get("kubeletExtraArgs") or [], IMAGE_REPOSITORY)
     # As real kubeadm: a bootstrap kubeconfig with the token; the kubelet trades it for a client
     # certificate (CSR signed by the controller-manager stand-in, csr.py) and writes kubelet.conf.
     write_file(
