@@ -33,19 +33,20 @@ def site_values_missing(
     for entry in site_values:
         name, group = entry["name"], entry["hosts"]
         hosts = list(groups.get(group) or [])
-        lacking = [
-            host
-            for host in hosts
-            if _lacks(
-                hostvars[host].get(name),
-                bool(entry.get("required", True)),
-                placeholder,
-            )
-        ]
+        lacking, unreadable = [], ""
+        for host in hosts:
+            # a template of a variable nobody set ("{{ vault_... }}" without the vault) comes as a marker that
+            # raises when read: that value is missing too, and must not keep the others from being listed
+            try:
+                lacks = _lacks(hostvars[host].get(name), bool(entry.get("required", True)), placeholder)
+            except Exception as exc:
+                lacks, unreadable = True, f" (it cannot be read: {str(exc).splitlines()[0]})"
+            if lacks:
+                lacking.append(host)
         if not lacking:
             continue
         where = ", ".join(lacking) if entry.get("per_host") or lacking != hosts else f"group {group}"
-        lines.append(f"{name} ({where}): {entry['what']}")
+        lines.append(f"{name} ({where}): {entry['what']}{unreadable}")
     return lines
 
 
