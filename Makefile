@@ -6,6 +6,8 @@ SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 
 VENV ?= .venv
+# The controller's Python (ansible-core 2.19: >= 3.11); an Ubuntu 22.04 host: make venv PYTHON=python3.11
+PYTHON ?= python3
 BIN := $(CURDIR)/$(VENV)/bin
 # the node-side unit tests' venv, of the nodes' Python (Ubuntu 22.04: 3.10; scripts/node-python.py)
 NODE_VENV ?= .venv310
@@ -27,8 +29,9 @@ deps: ## install the host's Debian packages (podman, runc, debootstrap, ...) if 
 venv: $(VENV)/.installed ## the pinned Python toolchain in .venv
 
 $(VENV)/.installed: pyproject.toml $(wildcard serve/pyproject.toml serve/tools/pyproject.toml)
+	@$(PYTHON) -c 'import sys; v = sys.version_info; sys.exit(None if v >= (3, 11) else f"venv: ansible-core 2.19 needs Python >= 3.11 on the controller; $(PYTHON) is {v.major}.{v.minor}: make venv PYTHON=python3.11 (README.md, On the real servers)")'
 	@echo "venv: installing the pinned toolchain into $(VENV) (a few minutes the first time)"
-	python3 -m venv $(VENV)
+	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
 	if [ -f serve/pyproject.toml ]; then $(BIN)/pip install -q -e './serve[test]' -e ./serve/tools; fi

@@ -6,9 +6,10 @@ Converges the stage (a no-op where it is converged), then proves on the lab's cl
 config passes `kubeadm config validate` on the node and holds IPVS mode, the pod subnet, the systemd cgroup
 driver and the audit policy; a second run changes nothing (`--check --diff`: site.yml's test); a worker reset
 with `kubeadm reset` joins again with `--limit workers` (the control plane up, the token made by the join
-role, never printed); the device plugin fault (`scripts/lab-fault NODE kube device-plugin-unregistered`) fails
-the stage on that node alone, naming it; each bad value fails in the validation play, before any change,
-naming the variable.
+role, never printed); every kubelet runs with `--node-ip` = its node_ip, which is its Node's InternalIP, and
+calico-node takes its address from that InternalIP; the device plugin fault (`scripts/lab-fault NODE kube
+device-plugin-unregistered`) fails the stage on that node alone, naming it; each bad value fails in the
+validation play, before any change, naming the variable.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from labrun import NODES, ROOT, Run, env, on_node, playbook, running_nodes
+import yaml
+from labrun import ADMIN_KUBECTL, NODES, ROOT, Run, env, on_node, playbook, running_nodes
 
 pytestmark = pytest.mark.lab
 
@@ -99,6 +101,30 @@ def test_rendered_kubeadm_config_passes_validate_on_the_node() -> None:
     ):
         assert wanted in text, f"{wanted!r} missing from {path}:\n{text}"
     assert on_node("gpu-node-1", "test -s /etc/kubernetes/audit/policy.yaml").returncode == 0
+
+
+def test_every_kubelet_and_calico_node_take_node_ip() -> None:
+    """The kubelet's --node-ip comes from the kubeadm configs (kubeadm itself passes none), the Node's
+    InternalIP is node_ip, and calico-node takes its address from the InternalIP, not first-found."""
+    inventory = yaml.safe_load((ROOT / "inventories/lab/hosts.yml").read_text())
+    groups = inventory["all"]["children"]["k8s_cluster"]["children"]
+    node_ips = {name: host["node_ip"] for group in groups.values() for name, host in group["hosts"].items()}
+    nodes = json.loads(on_node("gpu-node-1", f"{ADMIN_KUBECTL} get nodes -o json").stdout)["items"]
+    internal = {
+        n["metadata"]["name"]: [a["address"] for a in n["status"]["addresses"] if a["type"] == "InternalIP"]
+        for n in nodes
+    }
+    for name, node_ip in node_ips.items():
+        flags = on_node(name, "cat /var/lib/kubelet/kubeadm-flags.env").stdout
+        assert f"--node-ip={node_ip}" in flags, (name, flags)
+        assert internal[name] == [node_ip], (name, internal[name])
+    daemonset = json.loads(
+        on_node("gpu-node-1", f"{ADMIN_KUBECTL} -n kube-system get daemonset calico-node -o json").stdout
+    )
+    (container,) = [
+        c for c in daemonset["spec"]["template"]["spec"]["containers"] if c["name"] == "calico-node"
+    ]
+    assert {"name": "IP_AUTODETECTION_METHOD", "value": "kubernetes-internal-ip"} in container["env"]
 
 
 def as_operator(command: str) -> subprocess.CompletedProcess[str]:

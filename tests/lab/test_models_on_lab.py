@@ -3,7 +3,9 @@
 - the lab's model is admitted on gpu-node-1 and `current` points at its verified version on all three
   nodes; a second run changes nothing and verifies from the hash cache;
 - every bad variant of tests/modelgen is refused, naming the gate and the file, and nothing moves;
-- a push killed half-way leaves the receiving nodes' `current` alone, and the next run completes it.
+- a push killed half-way leaves the receiving nodes' `current` alone, and the next run completes it;
+- the sync key runs only rrsync, write-only, into the staging area: on the lab's jammy-like rsync 3.2.3
+  layout, the Perl script from the package's documentation copy, installed as /usr/local/bin/rrsync.
 
     make lab-up && .venv/bin/pytest -m lab tests/lab/test_models_on_lab.py -v
 """
@@ -107,10 +109,17 @@ def test_second_run_changes_nothing_and_verifies_from_the_cache(converged):
 
 
 def test_the_sync_key_runs_only_rrsync_into_the_staging_area(converged):
+    # the lab's rsync is laid out as Ubuntu 22.04's release 3.2.3: no /usr/bin/rrsync, only the Perl script
+    # as a documentation example, which the role installs as /usr/local/bin/rrsync (the pushes ran through it)
+    for node in RECEIVERS:
+        assert on_node(node, "test -e /usr/bin/rrsync").returncode != 0, f"{node}: has /usr/bin/rrsync"
+        same = on_node(node, "zcat /usr/share/doc/rsync/scripts/rrsync.gz | cmp - /usr/local/bin/rrsync")
+        assert same.returncode == 0, (node, same.stdout + same.stderr)
+        assert on_node(node, "test -x /usr/local/bin/rrsync").returncode == 0, node
     keys = on_node(RECEIVERS[0], "cat /var/lib/modelsync/.ssh/authorized_keys")
     assert keys.stdout.count("ssh-ed25519") == 1
     assert keys.stdout.startswith(
-        'restrict,from="10.89.42.11",command="/usr/bin/rrsync -wo /models/.incoming"'
+        'restrict,from="10.89.42.11",command="/usr/local/bin/rrsync -wo /models/.incoming"'
     )
     # from the source node, with the key: no shell, whatever the command asked for
     shell = on_node(

@@ -1,15 +1,20 @@
 """roles/kubeadm_join: the join token never reaches a command line or the output. It travels in a
 JoinConfiguration file (mode 0600) that is removed whatever the join's outcome; on the lab the reset worker's
-rejoin (tests/lab/test_kubernetes_stage_on_lab.py) runs it for real."""
+rejoin (tests/lab/test_kubernetes_stage_on_lab.py) runs it for real. The JoinConfiguration gives the kubelet
+node_ip as its node IP."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-JOIN = Path(__file__).resolve().parents[2] / "roles/kubeadm_join/tasks/join.yml"
+ROOT = Path(__file__).resolve().parents[2]
+JOIN = ROOT / "roles/kubeadm_join/tasks/join.yml"
 
 
 def tasks() -> list[dict[str, Any]]:
@@ -56,3 +61,46 @@ def test_the_config_file_is_removed_whatever_happens() -> None:
     (block,) = [t for t in yaml.safe_load(JOIN.read_text()) if "block" in t]
     removed = [t["ansible.builtin.file"] for t in block["always"] if "ansible.builtin.file" in t]
     assert removed == [{"path": "{{ kubeadm_join_config_path }}", "state": "absent"}]
+
+
+def join_configuration(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
+    """The JoinConfiguration the role writes, rendered with its defaults and vars for a worker."""
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    role = JOIN.parents[1]
+    variables: dict[str, Any] = {}
+    for name in ("defaults", "vars"):
+        loaded = yaml.safe_load((role / name / "main.yml").read_text()) or {}
+        variables |= {k: trust_as_template(v) if isinstance(v, str) else v for k, v in loaded.items()}
+    line = (
+        "kubeadm join 10.89.42.11:6443 --token abcdef.0123456789abcdef"
+        f" --discovery-token-ca-cert-hash sha256:{'a' * 64}"
+    )
+    variables |= {
+        "inventory_hostname": "gpu-node-2",
+        "node_ip": "10.89.42.12",
+        "__kubeadm_join_command": {"stdout_lines": [line]},
+    }
+    content = named("Write the JoinConfiguration")["ansible.builtin.copy"]["content"]
+    text = str(Templar(loader=DataLoader(), variables=variables).template(trust_as_template(content)))
+    path = tmp_path / "join.yaml"
+    path.write_text(text)
+    return path, yaml.safe_load(text)
+
+
+def test_the_join_configuration_gives_the_kubelet_node_ip(tmp_path: Path) -> None:
+    """The worker's kubelet registers with node_ip as its InternalIP (Calico takes its address from it), not
+    with whatever address the default route or the host name gives."""
+    path, join = join_configuration(tmp_path)
+    assert join["nodeRegistration"]["kubeletExtraArgs"] == [{"name": "node-ip", "value": "10.89.42.12"}]
+    assert join["discovery"]["bootstrapToken"]["apiServerEndpoint"] == "10.89.42.11:6443"
+    # v1beta4's strict decoder (the lab kubeadm stand-in's) accepts it: kubeletExtraArgs is name/value pairs
+    result = subprocess.run(
+        [sys.executable, "-m", "kube_standin.kubeadm", "config", "validate", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "tests" / "lab" / "kube")},
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr

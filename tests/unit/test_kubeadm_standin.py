@@ -204,3 +204,17 @@ def test_ipvsadm_stand_in_lists_the_table(tmp_path: Path) -> None:
     assert add.returncode == 2
     subprocess.run([sys.executable, str(script), "--clear"], check=True, env=env)
     assert not table.exists()
+
+
+def test_kubelet_flags_carry_a_node_ip_only_from_kubelet_extra_args(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As real kubeadm (phases/kubelet/flags.go): --node-ip reaches the kubelet only from
+    nodeRegistration.kubeletExtraArgs; the stand-in adding one of its own hid a role that set none."""
+    monkeypatch.setattr(kubeadm, "ROOT", str(tmp_path))
+    flags = tmp_path / "var/lib/kubelet/kubeadm-flags.env"
+    cri = "unix:///run/containerd/containerd.sock"
+    kubeadm.write_kubelet_files({}, cri, [], "registry.k8s.io")
+    assert "--node-ip" not in flags.read_text()
+    kubeadm.write_kubelet_files({}, cri, [{"name": "node-ip", "value": "10.0.0.11"}], "registry.k8s.io")
+    assert flags.read_text().count("--node-ip") == 1 and "--node-ip=10.0.0.11" in flags.read_text()

@@ -142,6 +142,18 @@ def test_calico_pool_is_the_pod_subnet() -> None:
     assert filter_module("calico", "calico_manifest").calico_pool_cidr(daemonset) == pod_subnet
 
 
+def test_calico_node_takes_the_kubelets_node_ip() -> None:
+    """calico-node's address is the Node's InternalIP (the kubelet's --node-ip, i.e. node_ip), not the first
+    address of the first interface (upstream's default, first-found: an InfiniBand port or a second NIC)."""
+    daemonset = next(doc for doc in calico_objects() if doc["kind"] == "DaemonSet")
+    container = next(
+        c for c in daemonset["spec"]["template"]["spec"]["containers"] if c["name"] == "calico-node"
+    )
+    methods = [e["value"] for e in container["env"] if e["name"] == "IP_AUTODETECTION_METHOD"]
+    assert methods == ["kubernetes-internal-ip"]
+    assert [e["value"] for e in container["env"] if e["name"] == "IP"] == ["autodetect"]
+
+
 def test_device_plugin_runs_in_runtime_class_nvidia_on_gpu_nodes_only() -> None:
     daemonset = next(doc for doc in device_plugin_objects() if doc["kind"] == "DaemonSet")
     pod = daemonset["spec"]["template"]["spec"]
@@ -192,6 +204,8 @@ def test_kubeadm_config_content(tmp_path: Path) -> None:
     assert init["nodeRegistration"] == {
         "name": "gpu-node-1",
         "criSocket": "unix:///run/containerd/containerd.sock",
+        # the kubelet's InternalIP (and so Calico's address, below) is node_ip, not the default route's
+        "kubeletExtraArgs": [{"name": "node-ip", "value": NODE["node_ip"]}],
     }
     assert cluster["kubernetesVersion"] == "v" + role_vars("kubernetes")["kubernetes_version"]
     assert cluster["networking"] == {"podSubnet": "10.244.0.0/16", "serviceSubnet": "10.96.0.0/12"}

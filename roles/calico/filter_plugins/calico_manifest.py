@@ -9,6 +9,12 @@ import copy
 from typing import Any
 
 POOL_ENV = "CALICO_IPV4POOL_CIDR"
+# How calico-node finds its node's address (Calico's node configuration, IP_AUTODETECTION_METHOD).
+# Upstream's default, first-found, takes the first address of the first interface, which on a server with
+# InfiniBand ports and several NICs need not be node_ip; kubernetes-internal-ip takes the Node's InternalIP,
+# which the kubeadm roles set to node_ip (the kubelet's --node-ip).
+AUTODETECTION_ENV = "IP_AUTODETECTION_METHOD"
+AUTODETECTION_METHOD = "kubernetes-internal-ip"
 
 
 class ManifestError(Exception):
@@ -25,14 +31,17 @@ def calico_node_container(docs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def calico_manifest(docs: list[Any], pool_cidr: str) -> list[dict[str, Any]]:
-    """The manifest's objects (empty documents dropped) with the default IPv4 pool set to POOL_CIDR.
+    """The manifest's objects (empty documents dropped) with the default IPv4 pool set to POOL_CIDR and
+    calico-node's address taken from the Node's InternalIP.
 
     Upstream leaves CALICO_IPV4POOL_CIDR commented out, so calico-node would pick 192.168.0.0/16;
-    the pool must be the cluster's podSubnet."""
+    the pool must be the cluster's podSubnet. It sets no IP_AUTODETECTION_METHOD (first-found)."""
     objects = [copy.deepcopy(doc) for doc in docs if doc]
     container = calico_node_container(objects)
-    env = [entry for entry in container.get("env", []) if entry.get("name") != POOL_ENV]
+    ours = (POOL_ENV, AUTODETECTION_ENV)
+    env = [entry for entry in container.get("env", []) if entry.get("name") not in ours]
     env.append({"name": POOL_ENV, "value": pool_cidr})
+    env.append({"name": AUTODETECTION_ENV, "value": AUTODETECTION_METHOD})
     container["env"] = env
     return objects
 

@@ -1,0 +1,69 @@
+"""playbooks/kubernetes-verify.yml's per-node verdict, templated offline with what its reads return.
+
+Besides Ready, kube-proxy, IPVS, CoreDNS and GPUs, a node whose Node object carries an InternalIP other than
+its node_ip (a kubelet without --node-ip took its host name's or default route's address), or whose Calico
+address differs from node_ip, is a problem naming both addresses and the way out. On the lab:
+tests/lab/test_kubernetes_stage_on_lab.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from ansible.parsing.dataloader import DataLoader
+from ansible.template import Templar, trust_as_template
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def problems(node: dict[str, Any]) -> list[str]:
+    play = yaml.safe_load((ROOT / "playbooks/kubernetes-verify.yml").read_text())[0]
+    (summary,) = [task for task in play["tasks"] if task.get("name") == "Summary"]
+    variables: dict[str, Any] = {
+        k: trust_as_template(v) if isinstance(v, str) else v for k, v in summary["vars"].items()
+    }
+    variables |= {
+        "inventory_hostname": "gpu-node-2",
+        "node_ip": "10.0.0.12",
+        "verify_node": {"resources": [node]},
+        "verify_coredns": {"resources": [{"spec": {"replicas": 2}, "status": {"readyReplicas": 2}}]},
+        "verify_kubernetes_service": {"resources": [{"spec": {"clusterIP": "10.96.0.1"}}]},
+        "verify_proxy_mode": {"content": "ipvs"},
+        "verify_ipvs": {"stdout": "TCP  10.96.0.1:443 rr"},
+        "verify_gpus": {"skipped": True},
+    }
+    templar = Templar(loader=DataLoader(), variables=variables)
+    return list(templar.template(trust_as_template("{{ verify_problems }}")))
+
+
+def node(internal_ip: str, calico: str | None = None) -> dict[str, Any]:
+    annotations = {"projectcalico.org/IPv4Address": calico} if calico else {}
+    return {
+        "metadata": {"name": "gpu-node-2", "annotations": annotations},
+        "status": {
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "addresses": [
+                {"type": "InternalIP", "address": internal_ip},
+                {"type": "Hostname", "address": "gpu-node-2"},
+            ],
+            "allocatable": {},
+        },
+    }
+
+
+@pytest.mark.parametrize("calico", [None, "10.0.0.12/24"], ids=["calico-not-yet", "calico-on-node-ip"])
+def test_a_node_on_its_node_ip_is_fine(calico: str | None) -> None:
+    assert problems(node("10.0.0.12", calico)) == []
+
+
+def test_a_kubelet_on_another_address_is_a_problem_saying_what_to_do() -> None:
+    (problem,) = problems(node("172.16.0.12"))
+    assert problem.startswith("InternalIP 172.16.0.12, not node_ip 10.0.0.12")
+    assert "--node-ip=10.0.0.12" in problem and "/var/lib/kubelet/kubeadm-flags.env" in problem
+
+
+def test_calico_on_another_address_is_a_problem() -> None:
+    (problem,) = problems(node("10.0.0.12", "172.16.0.12/16"))
+    assert problem.startswith("Calico address 172.16.0.12, not node_ip 10.0.0.12")
