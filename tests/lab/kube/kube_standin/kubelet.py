@@ -12,7 +12,10 @@ containers; it does what the rest of the cluster observes of a kubelet:
   (/var/lib/fake-nvml/state.json, read as the fake pynvml reads it), only while a device-plugin Pod (an
   image containing ``k8s-device-plugin``) runs Ready on this node, as a real kubelet learns of GPUs only
   from a registered device plugin;
-* runs the kube-proxy stand-in (kubeproxy.py) while a kube-proxy Pod runs on this node.
+* runs the kube-proxy stand-in (kubeproxy.py) while a kube-proxy Pod runs on this node;
+* keeps, for each device-plugin or dcgm-exporter Pod running Ready here, a process named like the real
+  binary holding /dev/nvidiactl open in the Pod's cgroup (gpuclients.py), as those keep the GPUs open on
+  a real node.
 
 Faults (``kube-standin-fault``, docs/lab.md) come from /run/kube-standin/faults.json.
 """
@@ -33,6 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from .gpuclients import GpuClientProcesses
 from .nodeclient import ApiError, Client
 from .yamlio import load_yaml_file
 
@@ -170,6 +174,7 @@ class Kubelet:
         self.last_status = 0.0
         self.last_ready: bool | None = None
         self.proxy: Any = None
+        self.gpu_clients = GpuClientProcesses()
         self.stop = threading.Event()
 
     def _route_ip(self) -> str:
@@ -573,6 +578,7 @@ class Kubelet:
                 pods = self.list_pods()
                 self.sync_pods(pods, faults)
                 pods = self.list_pods()
+                self.gpu_clients.sync(pods, lambda pod, faults=faults: self.pod_ready(pod, faults))
                 heartbeat = not faults.get("stop_heartbeat")
                 gpu_now = self.gpu_resources(pods, faults)
                 changed = gpu_now != getattr(self, "_last_gpu", "unset") or bool(faults.get("not_ready")) != (
