@@ -215,6 +215,17 @@ ansible_facts:
                 - Whether it is one of the driver's own daemons (C(nvidia-persistenced), C(nv-fabricmanager)),
                   not a GPU workload.
               type: bool
+            unit:
+              description:
+                - The systemd unit it runs in (the innermost C(.service) or C(.scope) of its cgroup), null
+                  for a pod's process or when unknown.
+              type: str
+              sample: gpu-health-agent.service
+            pod_uid:
+              description:
+                - The uid of the Kubernetes pod it runs in (from the kubelet's cgroup name), null otherwise.
+              type: str
+              sample: 2b7f3c1e-5d2a-4c7b-9f0e-1a2b3c4d5e6f
         nvswitches:
           description: Whether the node has NVSwitches (an HGX board, which needs fabric manager).
           returned: always

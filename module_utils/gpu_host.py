@@ -1,12 +1,14 @@
-"""What the kernel shows about the GPUs without NVML: the processes holding /dev/nvidia* and the NVSwitches
-on the PCI bus. Both are read from /proc and /sys, so they work before the driver is installed and during a
-driver/library version mismatch (when NVML cannot start). The roots are parameters for the unit tests.
+"""What the kernel shows about the GPUs without NVML: the processes holding /dev/nvidia* (with the systemd
+unit or Kubernetes pod each runs in) and the NVSwitches on the PCI bus. Both are read from /proc and /sys,
+so they work before the driver is installed and during a driver/library version mismatch (when NVML cannot
+start). The roots are parameters for the unit tests.
 """
 
 from __future__ import annotations
 
 import os
 import pwd
+import re
 from collections.abc import Collection
 from typing import Any
 
@@ -17,6 +19,12 @@ NVIDIA_PCI_VENDOR = "0x10de"
 NVSWITCH_PCI_CLASS = "0x0680"  # "bridge, other": on an NVIDIA device, an NVSwitch
 # The driver's own daemons hold the devices but are no GPU workload. /proc/PID/comm keeps 15 characters.
 DRIVER_DAEMON_COMMS = ("nvidia-persiste", "nv-fabricmanage")
+# A Kubernetes pod's cgroup, as the kubelet names it: the systemd driver's slice
+# (kubepods[-<qos>]-pod<uid with _ for ->.slice) or the cgroupfs driver's directory (pod<uid>).
+POD_CGROUP = re.compile(
+    r"^(?:kubepods-(?:besteffort-|burstable-)?)?pod(?P<uid>[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}"
+    r"[-_][0-9a-f]{4}[-_][0-9a-f]{12})(?:\.slice)?$"
+)
 
 
 def _read(path: str) -> str | None:
@@ -59,12 +67,34 @@ def _held_devices(proc_dir: str) -> list[str]:
     return sorted(devices)
 
 
+def _cgroup_path(proc_dir: str) -> str:
+    """The process's cgroup path: cgroup v1's name=systemd hierarchy (the one systemd names units in),
+    else cgroup v2's unified one; "" when unreadable."""
+    lines = (_read(os.path.join(proc_dir, "cgroup")) or "").splitlines()
+    paths = dict(line.split(":", 2)[1:] for line in lines if line.count(":") >= 2)
+    return paths.get("name=systemd") or paths.get("") or ""
+
+
+def unit_and_pod(proc_dir: str) -> tuple[str | None, str | None]:
+    """(systemd unit, Kubernetes pod uid) the process runs in, from /proc/PID/cgroup: the pod when a path
+    component is a pod's cgroup (the unit is then the container's scope, left out), else the innermost
+    .service or .scope component (a node in a container has the container's own scope above its units)."""
+    components = [c for c in _cgroup_path(proc_dir).split("/") if c]
+    for component in components:
+        match = POD_CGROUP.match(component)
+        if match:
+            return None, match["uid"].replace("_", "-")
+    units = [c for c in components if c.endswith((".service", ".scope"))]
+    return (units[-1] if units else None), None
+
+
 def device_processes(
     proc_root: str | None = None, exclude_pids: Collection[int] = ()
 ) -> list[dict[str, Any]]:
     """Every process with an open file descriptor on /dev/nvidia*, by pid: pid, name (comm), user
-    (effective), devices (sorted) and driver_daemon (nvidia-persistenced or nv-fabricmanager).
-    Processes that exit during the scan are left out. Other users' processes need root to be seen."""
+    (effective), devices (sorted), driver_daemon (nvidia-persistenced or nv-fabricmanager), and the systemd
+    unit or Kubernetes pod uid it runs in (unit_and_pod; None when not known). Processes that exit during
+    the scan are left out. Other users' processes need root to be seen."""
     proc_root = proc_root or PROC_ROOT
     try:
         entries = os.listdir(proc_root)
@@ -83,6 +113,7 @@ def device_processes(
         if comm is None:  # exited during the scan
             continue
         name = comm.strip()
+        unit, pod_uid = unit_and_pod(proc_dir)
         processes.append(
             {
                 "pid": pid,
@@ -90,6 +121,8 @@ def device_processes(
                 "user": _effective_user(proc_dir),
                 "devices": devices,
                 "driver_daemon": name.startswith(DRIVER_DAEMON_COMMS),
+                "unit": unit,
+                "pod_uid": pod_uid,
             }
         )
     return processes

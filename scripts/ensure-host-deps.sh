@@ -23,6 +23,11 @@ declare -A needs=(
   # monitoring role tests: promtool check/test rules and config, amtool check-config
   [promtool]=prometheus
   [amtool]=prometheus-alertmanager
+  # the lab's registry CA and certificates (tests/lab/labctl.py)
+  [openssl]=openssl
+  # runc is built with cgo (its nsenter is C) and seccomp (tests/lab/gobuild): gcc, pkg-config, libseccomp-dev
+  [gcc]=gcc
+  [pkg-config]=pkg-config
 )
 # packages whose Debian postinst enables and starts a daemon the tests do not want (it would hold :9090 / :9093)
 daemons=(prometheus prometheus-alertmanager)
@@ -32,6 +37,17 @@ for cmd in "${!needs[@]}"; do
     missing+=("${needs[$cmd]}")
   fi
 done
+if [ ! -f /usr/include/seccomp.h ]; then
+  missing+=(libseccomp-dev)
+fi
+# The lab's Kubernetes, containerd, etcd, ... are built from their Go modules (tests/lab/gobuild): Go 1.26 or
+# newer, which Debian 12 does not package (its golang is 1.19).
+go_version=$(go env GOVERSION 2>/dev/null || true)
+if ! printf '%s\n' "$go_version" | grep -Eq '^go1\.(2[6-9]|[3-9][0-9])'; then
+  echo "host-deps: the lab builds Kubernetes from its Go modules and needs Go 1.26 or newer on PATH" \
+    "(found: ${go_version:-none}); install it from https://go.dev/dl/ (tar -C /usr/local -xzf go1.26.*.tar.gz)" >&2
+  exit 1
+fi
 # python3 -m venv needs ensurepip, which Debian ships separately.
 if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
   missing+=(python3-venv)

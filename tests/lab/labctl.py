@@ -596,7 +596,6 @@ def cmd_up(_: argparse.Namespace) -> None:
     ensure_gateway_image()
     ensure_network()
     ensure_mirror()
-    ensure_images()
     for node in NODES:
         ensure_node(node)
     for node in NODES:
@@ -604,6 +603,7 @@ def cmd_up(_: argparse.Namespace) -> None:
         install_fake_gpus(node)
         wait_for_ssh(node)
     carry_in_models()
+    ensure_images()
     log(
         f"up in {time.monotonic() - started:.0f}s: "
         + ", ".join(f"{n.name} (ssh 127.0.0.1:{n.ssh_port})" for n in NODES)

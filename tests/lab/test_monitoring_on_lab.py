@@ -6,8 +6,9 @@ Reads what playbooks/serving.yml applied (it converges the stage first only when
 e.g. when this file runs before test_serving_on_lab.py): the Deployments run their pinned images, the
 dcgm-exporter DaemonSet has a pod on every GPU node and nowhere else, built from the manifest whose sha256 the
 role pins, the receiver URL and Grafana's password are in Secrets and in no ConfigMap, Prometheus has its
-discovery RBAC and the namespace its network policies. The lab's kubelet runs no containers, so nothing here
-says Prometheus scrapes; tests/unit/test_monitoring_prometheus.py runs a real one.
+discovery RBAC and the namespace its network policies, Prometheus's configuration the GPU health agent's job
+and its policy a path to every node's InternalIP on the agent's port. The lab's kubelet runs no containers, so
+nothing here says Prometheus scrapes; tests/unit/test_monitoring_prometheus.py runs a real one.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ pytestmark = pytest.mark.lab
 LAB_VARS = yaml.safe_load((ROOT / "inventories/lab/group_vars/k8s_cluster.yml").read_text())
 DEFAULTS = yaml.safe_load((ROOT / "roles/monitoring/defaults/main.yml").read_text())
 PLUGIN = yaml.safe_load((ROOT / "roles/nvidia_device_plugin/defaults/main.yml").read_text())
+AGENT = yaml.safe_load((ROOT / "roles/gpu_health_agent/defaults/main.yml").read_text())
 KUBECTL = "kubectl --kubeconfig /etc/kubernetes/admin.conf"
 NAMESPACE = DEFAULTS["monitoring_namespace"]
 
@@ -96,3 +98,34 @@ def test_prometheus_rbac_and_the_network_policies(converged: None) -> None:
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "prometheus", "namespace": NAMESPACE}]
     policies = {p["metadata"]["name"] for p in kubectl_json(f"-n {NAMESPACE} get networkpolicies")["items"]}
     assert policies == {"default-deny", "prometheus", "alertmanager", "grafana", "dcgm-exporter"}
+
+
+def test_prometheus_scrapes_the_gpu_health_agents_and_may_reach_them(converged: None) -> None:
+    config = kubectl_json(f"-n {NAMESPACE} get configmap prometheus-config")["data"]["prometheus.yml"]
+    (job,) = [j for j in yaml.safe_load(config)["scrape_configs"] if j["job_name"] == "gpu-health-agent"]
+    assert job["kubernetes_sd_configs"] == [{"role": "node"}]
+    port = AGENT["gpu_health_agent_metrics_port"]
+    nodes = kubectl_json("get nodes")["items"]
+    addresses = sorted(
+        a["address"] for n in nodes for a in n["status"]["addresses"] if a["type"] == "InternalIP"
+    )
+    assert addresses, "the nodes report no InternalIP"
+    policy = kubectl_json(f"-n {NAMESPACE} get networkpolicy prometheus")
+    (rule,) = [r for r in policy["spec"]["egress"] if {"protocol": "TCP", "port": port} in r.get("ports", [])]
+    assert sorted(peer["ipBlock"]["cidr"] for peer in rule["to"]) == [f"{a}/32" for a in addresses]
+    # what Prometheus will find there: the agent answers on each GPU node's address
+    for node in nodes:
+        address = next(a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP")
+        metrics = on_node(
+            node["metadata"]["name"],
+            f"python3 -c \"import urllib.request; print(urllib.request.urlopen('http://{address}:{port}/metrics',"
+            ' timeout=5).read().decode())"',
+        )
+        if all(
+            node["metadata"].get("labels", {}).get(k) == v
+            for k, v in PLUGIN["nvidia_device_plugin_node_label"].items()
+        ):
+            assert "gpu_health_agent_polls_total" in metrics.stdout, (
+                node["metadata"]["name"],
+                metrics.stderr,
+            )

@@ -6,13 +6,19 @@ planned) by its playbook, and restored afterwards whatever happens.
   nothing; the run deletes that pod, the DaemonSet's new pod registers, the node offers 4 GPUs; a second run
   on the healthy cluster changes nothing.
 - driver-mismatch.yml on gpu-node-2 (`lab-fault NODE kernel-version ...` with the driver's modules loaded as
-  at boot): with no GPU process the plan is a module reload and a real run does it (the nvidia_driver role
-  unloads the four modules and loads the installed driver's: the lab's modprobe and the nvidia-dkms stand-in,
-  docs/lab.md "Kernel modules"), after which NVML works with the installed version and a second run changes
-  nothing; with a process holding /dev/nvidia0 (`lab-fault NODE process --add --hold`) `modprobe -r nvidia`
-  is refused (in use), the plan is a rolling reboot, and a real run goes the nvidia_driver role's reboot
-  path, which on the lab (nvidia_driver_reboot: false) leaves /var/run/reboot-required instead of rebooting
-  the container.
+  at boot), with the cluster's own GPU clients running as after site.yml: the GPU health agent (systemd) and
+  the device plugin's and dcgm-exporter's pods, whose processes the lab kubelet runs holding /dev/nvidiactl
+  (kube_standin/gpuclients.py), so `modprobe -r nvidia` is refused under them as on a real node. With no
+  other GPU process the plan is a module reload naming what stops meanwhile, and a real run does it: the
+  agent stopped, the node out of the GPU node label (the DaemonSets' pods leave), the nvidia_driver role
+  unloads the four modules and loads the installed driver's (the lab's modprobe and the nvidia-dkms
+  stand-in, docs/lab.md "Kernel modules"), then the label is back, the agent runs again (a new process),
+  new plugin and dcgm-exporter pods run Ready with their processes, the node offers its GPUs, no record is
+  left; NVML works with the installed version and a second run changes nothing. With a process holding
+  /dev/nvidia0 (`lab-fault NODE process --add --hold`) the plan is a rolling reboot naming it (pid, GPU
+  device), and a real run goes the nvidia_driver role's reboot path, which on the lab (nvidia_driver_reboot:
+  false) leaves /var/run/reboot-required instead of rebooting the container; the GPU clients are left
+  running.
 - collect-diagnostics.yml: one tarball with every item per node, the serving pods' logs and the endpoints
   (recorded as not reachable with the error: the lab's pods run nothing); a serving pod whose command line
   carries the lab's JWT secret and a join token shows both in `kubectl logs`, and the tarball has neither.
@@ -88,7 +94,8 @@ def kube_fault(node: str, *args: str) -> None:
 
 
 def flat(text: str) -> str:
-    return " ".join(text.split())
+    """Output on one line, as the YAML callback's single-quoted strings read (`''` is `'`)."""
+    return " ".join(text.replace("''", "'").split())
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -168,6 +175,44 @@ def nvml_state(node: str) -> dict[str, Any]:
 NVIDIA_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm")
 MODULE_TABLE = "/run/lab-kmod/modules"  # the lab kernel's /proc/modules (docs/lab.md, "Kernel modules")
 
+GPU_LABEL = yaml.safe_load((ROOT / "roles/nvidia_device_plugin/defaults/main.yml").read_text())[
+    "nvidia_device_plugin_node_label"
+]
+CLIENTS_RECORD = yaml.safe_load((ROOT / "roles/nvidia_driver/vars/main.yml").read_text())[
+    "__nvidia_driver_gpu_clients_record"
+]
+GPU_DAEMONSETS = {"kube-system/nvidia-device-plugin-daemonset", "monitoring/dcgm-exporter"}
+# the processes the lab kubelet runs for them, named like the real binaries (/proc/PID/comm)
+GPU_CLIENT_COMMS = {"nvidia-device-p", "dcgm-exporter"}
+
+
+def gpu_client_pods(node: str) -> dict[str, dict[str, Any]]:
+    """namespace/DaemonSet -> its pod on the node, Running and Ready, for the GPU DaemonSets"""
+    found = {}
+    for pod in kube_json("get", "pods", "-A", "--field-selector", f"spec.nodeName={node}")["items"]:
+        owner = (pod["metadata"].get("ownerReferences") or [{}])[0].get("name")
+        key = f"{pod['metadata']['namespace']}/{owner}"
+        ready = any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in pod.get("status", {}).get("conditions", [])
+        )
+        if key in GPU_DAEMONSETS and ready and not pod["metadata"].get("deletionTimestamp"):
+            found[key] = pod
+    return found
+
+
+def gpu_device_holders(node: str) -> set[str]:
+    """comm of every process holding a /dev/nvidia* open on the node (what `modprobe -r nvidia` refuses)"""
+    script = (
+        "for fd in /proc/[0-9]*/fd/*; do case $(readlink $fd 2>/dev/null) in /dev/nvidia*) "
+        "p=${fd#/proc/}; cat /proc/${p%%/*}/comm;; esac; done 2>/dev/null | sort -u"
+    )
+    return set(sh(node, script).split())
+
+
+def agent_pid(node: str) -> int:
+    return int(sh(node, "systemctl show -p MainPID --value gpu-health-agent").strip())
+
 
 def loaded_modules(node: str) -> list[str]:
     return [line.split()[0] for line in sh(node, f"cat {MODULE_TABLE} 2>/dev/null || true").splitlines()]
@@ -191,46 +236,97 @@ def mismatch() -> Iterator[str]:
         sh(node, f"printf %s {shlex.quote(table)} > {MODULE_TABLE}")
         if not had_marker:
             on_node(node, "rm -f /var/run/reboot-required")
+        # a run that failed half-way may leave the cluster's own GPU clients stopped: back, as on-call would
+        labels = kube_json("get", "node", node)["metadata"].get("labels") or {}
+        if any(labels.get(k) != v for k, v in GPU_LABEL.items()):
+            kubectl("label", "node", node, "--overwrite", *[f"{k}={v}" for k, v in GPU_LABEL.items()])
+        sh(node, f"systemctl start gpu-health-agent && rm -f {CLIENTS_RECORD}")
     assert "NVML init fails" not in sh(node, "fake-nvml show")
 
 
-def test_driver_mismatch_reload_when_idle_rolling_reboot_when_busy(mismatch: str) -> None:
+def test_driver_mismatch_repair_finishes_with_the_cluster_gpu_clients_running(mismatch: str) -> None:
     node = mismatch
     assert "Driver/library version mismatch" in on_node(node, "nvidia-smi").stdout
-
     assert set(loaded_modules(node)) >= set(NVIDIA_MODULES)
     library = sh(node, "sed -n 's/^version=//p' /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1").strip()
     assert library and library != "535.104.05"
 
-    idle = playbook("playbooks/remediate/driver-mismatch.yml", "-l", node, "-e", "plan_only=true")
-    assert idle.rc == 0, idle.tail()
-    assert "PLAN: reload the nvidia kernel modules (no GPU process)" in flat(idle.output), idle.tail()
-    assert idle.changed() == {node: 0}
+    # the cluster's own GPU clients run as after site.yml, and hold the GPUs: the kernel refuses the unload
+    assert sh(node, "systemctl is-active gpu-health-agent").strip() == "active"
+    agent_before = agent_pid(node)
+    pods_before = gpu_client_pods(node)
+    assert set(pods_before) == GPU_DAEMONSETS, pods_before.keys()
+    wait_for(
+        "the GPU clients' processes holding the GPUs",
+        lambda: gpu_device_holders(node) >= GPU_CLIENT_COMMS,
+        30,
+    )
+    refused = on_node(node, "modprobe -r nvidia_uvm && modprobe -r nvidia")
+    assert refused.returncode != 0 and "Module nvidia is in use" in refused.stderr, refused
+    sh(node, "modprobe nvidia_uvm")
 
-    # idle: a real run reloads the modules, the installed driver's module is the loaded one
+    plan = playbook("playbooks/remediate/driver-mismatch.yml", "-l", node, "-e", "plan_only=true")
+    assert plan.rc == 0, plan.tail()
+    clients = ", ".join(
+        ["unit gpu-health-agent.service"]
+        + [f"pod {key.split('/')[0]}/{pods_before[key]['metadata']['name']}" for key in sorted(pods_before)]
+    )
+    assert (
+        "PLAN: reload the nvidia kernel modules (no GPU workload; stopped meanwhile and started again after, "
+        f"the GPU clients of the cluster: {clients})"
+    ) in flat(plan.output), plan.tail()
+    assert plan.changed() == {node: 0}
+
+    # a real run stops them, reloads the modules, and brings them back
     fix = playbook("playbooks/remediate/driver-mismatch.yml", "-l", node)
     assert fix.rc == 0, fix.tail()
-    assert "reloaded the nvidia kernel modules" in flat(fix.output), fix.tail()
-    assert f"works: driver {library}, {GPUS} GPU(s)" in flat(fix.output), fix.tail()
+    out = flat(fix.output)
+    assert f"Stopping the cluster's own GPU clients on {node} for the driver work" in out, fix.tail()
+    assert "reloaded the nvidia kernel modules" in out, fix.tail()
+    assert f"works: driver {library}, {GPUS} GPU(s)" in out, fix.tail()
+    assert (
+        "stopped and started again: unit gpu-health-agent.service, "
+        "DaemonSet kube-system/nvidia-device-plugin-daemonset, DaemonSet monitoring/dcgm-exporter"
+    ) in out, fix.tail()
     for module in NVIDIA_MODULES:  # each one unloaded and loaded again
         assert f"changed: [{node}] => (item={module})" in fix.output, fix.tail()
     assert set(loaded_modules(node)) >= set(NVIDIA_MODULES)
     assert nvml_state(node)["kernel_module_version"] == library
     smi = on_node(node, "nvidia-smi")
     assert smi.returncode == 0 and "mismatch" not in smi.stdout and library in smi.stdout, smi.stdout
+
+    # back: the label, the agent (a new process), new Ready pods whose processes hold the GPUs again
+    labels = kube_json("get", "node", node)["metadata"]["labels"]
+    assert all(labels.get(k) == v for k, v in GPU_LABEL.items()), labels
+    assert sh(node, "systemctl is-active gpu-health-agent").strip() == "active"
+    assert agent_pid(node) not in (0, agent_before)
+    pods_after = gpu_client_pods(node)
+    assert set(pods_after) == GPU_DAEMONSETS
+    assert all(pods_after[k]["metadata"]["uid"] != pods_before[k]["metadata"]["uid"] for k in GPU_DAEMONSETS)
+    wait_for(f"{node} offering its {GPUS} GPUs again", lambda: allocatable(node) == str(GPUS), 30)
+    wait_for("the GPU clients' processes back", lambda: gpu_device_holders(node) >= GPU_CLIENT_COMMS, 30)
+    assert on_node(node, f"test -e {CLIENTS_RECORD}").returncode != 0  # nothing left to put back
+
     again = playbook("playbooks/remediate/driver-mismatch.yml", "-l", node)
     assert again.rc == 0, again.tail()
     assert "PLAN: nothing (no mismatch)" in flat(again.output), again.tail()
     assert again.changed() == {node: 0}, again.changed_tasks()
 
-    # busy: the libraries move again, a process holds a GPU; the kernel refuses to unload nvidia
-    lab_fault(node, "kernel-version", "535.104.05")
+
+def test_driver_mismatch_rolling_reboot_when_busy(mismatch: str) -> None:
+    node = mismatch
+    agent_before = agent_pid(node)
+    pods_before = gpu_client_pods(node)
+
+    # busy: a process that is none of the cluster's own GPU clients holds a GPU
     lab_fault(node, "process", "--gpu", "0", "--add", "--hold", "--name", "vllm-worker")
     holder = next(p for p in nvml_state(node)["gpus"][0]["processes"] if p.get("holder"))
     busy = playbook("playbooks/remediate/driver-mismatch.yml", "-l", node, "-e", "plan_only=true")
     assert busy.rc == 0, busy.tail()
+    # named with its pid and the GPU device it holds (and the cgroup it runs in, where it has one)
     plan = (
-        f"PLAN: reboot (rolling, one node at a time): processes use the GPUs (vllm-worker[{holder['pid']}])"
+        "PLAN: reboot (rolling, one node at a time): processes use the GPUs "
+        f"(vllm-worker[{holder['pid']}] on /dev/nvidia0"
     )
     assert plan in flat(busy.output), busy.tail()
     refused = on_node(node, "modprobe -r nvidia_uvm && modprobe -r nvidia")
@@ -245,6 +341,11 @@ def test_driver_mismatch_reload_when_idle_rolling_reboot_when_busy(mismatch: str
     assert "driver/library version mismatch and GPUs in use (vllm-worker[" in flat(run.output), run.tail()
     assert on_node(node, "test -e /var/run/reboot-required").returncode == 0
     assert "Driver/library version mismatch" in on_node(node, "nvidia-smi").stdout  # nothing was reloaded
+    # a refused reload leaves the cluster's own GPU clients alone
+    assert agent_pid(node) == agent_before
+    assert {k: p["metadata"]["uid"] for k, p in gpu_client_pods(node).items()} == {
+        k: p["metadata"]["uid"] for k, p in pods_before.items()
+    }
 
 
 # --------------------------------------------------------------------------------------- diagnostics

@@ -1,7 +1,8 @@
 """Render the monitoring role's templates as Ansible does, for the unit tests: the role's defaults and vars,
 `lookup('ansible.builtin.file'|'ansible.builtin.template', ...)` from its files/ and templates/ (trailing
-whitespace stripped, as the file lookup does), and the filters the templates use (to_json, hash, b64encode,
-urlsplit). The dcgm-exporter objects go through the role's own filter plugin."""
+whitespace stripped, as the file lookup does), the values it loads from other roles (LOADED), and the filters
+the templates use (to_json, hash, b64encode, urlsplit, regex_replace, regex_escape). The dcgm-exporter
+objects go through the role's own filter plugin."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import base64
 import hashlib
 import importlib.util
 import json
+import re
 import urllib.parse
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,20 @@ from lab.upstream_manifests import manifest as upstream_manifest
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles" / "monitoring"
 DIGEST = "sha256:" + "ab" * 32
+
+
+def _defaults(role: str) -> dict[str, Any]:
+    return yaml.safe_load((ROOT / "roles" / role / "defaults" / "main.yml").read_text())
+
+
+# values the role loads from their one home, other roles' defaults (tasks/main.yml, include_role public)
+LOADED = {
+    "nvidia_device_plugin_node_label": _defaults("nvidia_device_plugin")["nvidia_device_plugin_node_label"],
+    "nvidia_device_plugin_runtime_class": _defaults("nvidia_device_plugin")[
+        "nvidia_device_plugin_runtime_class"
+    ],
+    "gpu_health_agent_metrics_port": _defaults("gpu_health_agent")["gpu_health_agent_metrics_port"],
+}
 # values a site sets (the defaults leave them empty, which the role refuses)
 SITE = {
     "monitoring_alert_webhook_url": "https://alerts.example.org/hook?token=s3cr3t-t0ken",
@@ -30,6 +46,8 @@ SITE = {
     "monitoring_dcgm_exporter_image_digest": DIGEST,
     # read from the cluster by the role (the kubernetes Service's EndpointSlice) before the policy is rendered
     "__monitoring_api_server_port": 6443,
+    # read from the cluster by the role (the Nodes' InternalIP) before the policy is rendered
+    "__monitoring_node_addresses": ["10.89.42.11", "10.89.42.12", "10.89.42.13"],
 }
 
 
@@ -52,6 +70,7 @@ def role_vars(**overrides: Any) -> dict[str, Any]:
     variables = {
         **yaml.safe_load((ROLE / "defaults" / "main.yml").read_text()),
         **yaml.safe_load((ROLE / "vars" / "main.yml").read_text()),
+        **LOADED,
         **overrides,
     }
     variables["ansible_managed"] = "Ansible managed"
@@ -60,11 +79,14 @@ def role_vars(**overrides: Any) -> dict[str, Any]:
 
 def render(template: str, **overrides: Any) -> str:
     variables = role_vars(**overrides)
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    # trim_blocks as Ansible's template lookup renders
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, trim_blocks=True)
     env.filters["to_json"] = json.dumps
     env.filters["hash"] = _hash
     env.filters["b64encode"] = lambda s: base64.b64encode(s.encode()).decode()
     env.filters["ansible.builtin.urlsplit"] = _urlsplit
+    env.filters["regex_replace"] = lambda value, pattern, replacement: re.sub(pattern, replacement, value)
+    env.filters["regex_escape"] = re.escape
 
     def lookup(kind: str, path: str) -> str:
         if kind == "ansible.builtin.file":
@@ -91,11 +113,8 @@ def _filter_plugin() -> Any:
 
 def dcgm_exporter_objects(**overrides: Any) -> list[dict[str, Any]]:
     """The upstream manifest (lab/upstream_manifests.py: the bytes the role downloads) through the role's
-    filter, with the GPU node label and RuntimeClass of nvidia_device_plugin's defaults."""
+    filter, with the GPU node label and RuntimeClass of nvidia_device_plugin's defaults (LOADED)."""
     variables = role_vars(**{**SITE, **overrides})
-    plugin_defaults = yaml.safe_load(
-        (ROOT / "roles" / "nvidia_device_plugin" / "defaults" / "main.yml").read_text()
-    )
     manifest = upstream_manifest(
         f"dcgm-exporter/{variables['monitoring_dcgm_exporter_version']}/dcgm-exporter.yaml"
     )
@@ -104,8 +123,8 @@ def dcgm_exporter_objects(**overrides: Any) -> list[dict[str, Any]]:
         list(yaml.safe_load_all(manifest.read_text())),
         variables["monitoring_namespace"],
         variables["monitoring_dcgm_exporter_image_digest"],
-        plugin_defaults["nvidia_device_plugin_node_label"],
-        plugin_defaults["nvidia_device_plugin_runtime_class"],
+        variables["nvidia_device_plugin_node_label"],
+        variables["nvidia_device_plugin_runtime_class"],
         "dcgm-exporter-counters",
         _hash(counters, "sha256"),
     )

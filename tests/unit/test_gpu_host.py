@@ -11,12 +11,19 @@ from ansible.module_utils import gpu_host
 
 
 def add_process(
-    proc: Path, pid: int, comm: str | None, fds: dict[int, str], uids: str = "0\t0\t0\t0"
+    proc: Path,
+    pid: int,
+    comm: str | None,
+    fds: dict[int, str],
+    uids: str = "0\t0\t0\t0",
+    cgroup: str | None = None,
 ) -> Path:
     directory = proc / str(pid)
     (directory / "fd").mkdir(parents=True)
     if comm is not None:
         (directory / "comm").write_text(comm + "\n")
+    if cgroup is not None:
+        (directory / "cgroup").write_text(cgroup)
     (directory / "status").write_text(f"Name:\t{comm}\nUmask:\t0022\nUid:\t{uids}\nGid:\t0\t0\t0\t0\n")
     for fd, target in fds.items():
         os.symlink(target, directory / "fd" / str(fd))
@@ -49,11 +56,68 @@ def test_processes_holding_gpu_devices(proc: Path) -> None:
         "user": "root",
         "devices": ["/dev/nvidia0", "/dev/nvidiactl"],
         "driver_daemon": False,
+        "unit": None,
+        "pod_uid": None,
     }
     assert by_pid[17]["driver_daemon"] and by_pid[900]["driver_daemon"]
     assert not by_pid[1000]["driver_daemon"]
     # the effective uid, as ps shows it; a uid without a name comes back as the number
     assert by_pid[1000]["user"] == "4000123"
+
+
+UID = "2b7f3c1e-5d2a-4c7b-9f0e-1a2b3c4d5e6f"
+SYSTEMD_UID = UID.replace("-", "_")  # the systemd cgroup driver's slice names carry the uid with underscores
+
+
+@pytest.mark.parametrize(
+    ("cgroup", "unit", "pod_uid"),
+    [
+        # cgroup v2 (Ubuntu 22.04): a systemd service, an ssh session, the kubelet's systemd driver
+        ("0::/system.slice/gpu-health-agent.service\n", "gpu-health-agent.service", None),
+        ("0::/user.slice/user-1000.slice/session-3.scope\n", "session-3.scope", None),
+        (
+            "0::/kubepods.slice/kubepods-besteffort.slice/"
+            f"kubepods-besteffort-pod{SYSTEMD_UID}.slice/cri-containerd-0a1b2c.scope\n",
+            None,
+            UID,
+        ),
+        (f"0::/kubepods.slice/kubepods-pod{SYSTEMD_UID}.slice/cri-containerd-0a1b2c.scope\n", None, UID),
+        # cgroup v1: the name=systemd line says the unit; the kubelet's cgroupfs driver names pod<uid>
+        (
+            "12:memory:/system.slice/gpu-health-agent.service\n"
+            "1:name=systemd:/system.slice/gpu-health-agent.service\n",
+            "gpu-health-agent.service",
+            None,
+        ),
+        (
+            f"5:cpu,cpuacct:/kubepods/burstable/pod{UID}/0a1b2c\n1:name=systemd:/kubepods/burstable/pod{UID}/0a1b2c\n",
+            None,
+            UID,
+        ),
+        # a node in a container (the lab: the container's own cgroup first), hybrid v1/v2
+        (
+            "1:name=systemd:/machine.slice/libpod-77.scope/system.slice/gpu-health-agent.service\n0::/\n",
+            "gpu-health-agent.service",
+            None,
+        ),
+        ("0::/\n", None, None),
+        ("", None, None),
+    ],
+)
+def test_the_unit_or_pod_a_process_runs_in(
+    proc: Path, cgroup: str, unit: str | None, pod_uid: str | None
+) -> None:
+    """From /proc/PID/cgroup: the systemd unit (service or scope) or the Kubernetes pod the process runs in,
+    so driver work can tell the cluster's own GPU clients from a workload and name either."""
+    add_process(proc, 42, "x", {3: "/dev/nvidiactl"}, cgroup=cgroup)
+    (found,) = gpu_host.device_processes(str(proc))
+    assert (found["unit"], found["pod_uid"]) == (unit, pod_uid)
+
+
+def test_no_cgroup_file_names_neither(proc: Path) -> None:
+    add_process(proc, 43, "x", {3: "/dev/nvidiactl"})
+    (found,) = gpu_host.device_processes(str(proc))
+    assert (found["unit"], found["pod_uid"]) == (None, None)
 
 
 def test_effective_user_is_named(proc: Path) -> None:

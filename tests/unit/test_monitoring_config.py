@@ -1,11 +1,13 @@
 """The monitoring role's templates render into configurations the real tools accept: Prometheus
 (`promtool check config`, with the rule file), Alertmanager (`amtool check-config`, Debian's
 prometheus-alertmanager), the ConfigMaps against the Kubernetes 1.36 schemas (kubernetes-validate, strict);
-the role refuses a missing receiver before anything changes."""
+the GPU health agent's job turns the Node objects into one target per GPU node; the role refuses a missing
+receiver before anything changes."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,7 +17,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from monitoring_promql import ROLE, RULES
-from monitoring_render import SITE, render
+from monitoring_render import LOADED, SITE, render
 
 K8S_VERSION = "1.36.0"
 WEBHOOK = "https://alerts.example.org/hook"
@@ -28,11 +30,17 @@ def test_prometheus_config_is_accepted_with_its_rules(tmp_path: Path) -> None:
     config = yaml.safe_load(render("prometheus.yml.j2", monitoring_alert_webhook_url=WEBHOOK))
     assert config["rule_files"] == ["/etc/prometheus/rules/alert-rules.yml"]
     config["rule_files"] = [str(RULES)]  # where the ConfigMap mounts it in the pod, here
-    assert [job["job_name"] for job in config["scrape_configs"]] == ["vllm", "llm-gateway", "dcgm-exporter"]
+    assert [job["job_name"] for job in config["scrape_configs"]] == [
+        "vllm",
+        "llm-gateway",
+        "dcgm-exporter",
+        "gpu-health-agent",
+    ]
     for job in config["scrape_configs"]:
         # Debian builds Prometheus without Kubernetes discovery (its client-go is not packaged): promtool here
         # refuses kubernetes_sd_configs. The pinned upstream image has it; everything else is checked as is.
-        assert job.pop("kubernetes_sd_configs") == [{"role": "pod"}]
+        role = "node" if job["job_name"] == "gpu-health-agent" else "pod"
+        assert job.pop("kubernetes_sd_configs") == [{"role": role}]
         job["static_configs"] = [{"targets": ["127.0.0.1:9"]}]
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
     result = subprocess.run(
@@ -42,7 +50,80 @@ def test_prometheus_config_is_accepted_with_its_rules(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 12 rules found" in result.stdout
+    assert "SUCCESS: 15 rules found" in result.stdout
+
+
+def relabel(labels: dict[str, str], configs: list[dict[str, Any]]) -> dict[str, str] | None:
+    """Prometheus's relabelling for the actions the role uses (keep, replace), with its defaults: separator
+    `;`, regex `(.*)` anchored at both ends, replacement `$1`; None when a keep drops the target."""
+    labels = dict(labels)
+    for config in configs:
+        value = ";".join(labels.get(name, "") for name in config.get("source_labels", []))
+        match = re.fullmatch(config.get("regex", "(.*)"), value)
+        action = config.get("action", "replace")
+        if action == "keep":
+            if not match:
+                return None
+        elif action == "replace":
+            if match:
+                replacement = config.get("replacement", "$1")
+                for number, group in enumerate((match.group(0), *match.groups())):
+                    replacement = replacement.replace(f"${number}", group or "")
+                labels[config["target_label"]] = replacement
+        else:
+            raise AssertionError(f"relabel action {action} not simulated")
+    return labels
+
+
+def node_target(name: str, address: str, labels: dict[str, str]) -> dict[str, str]:
+    """What Prometheus's Kubernetes discovery (role node) gives a Node: the kubelet's address and the
+    node's labels and addresses as meta labels (label names with every invalid character as `_`)."""
+    meta = {
+        "__address__": f"{address}:10250",
+        "__meta_kubernetes_node_name": name,
+        "__meta_kubernetes_node_address_InternalIP": address,
+        "__meta_kubernetes_node_address_Hostname": name,
+    }
+    for key, value in labels.items():
+        meta["__meta_kubernetes_node_label_" + re.sub(r"[^A-Za-z0-9_]", "_", key)] = value
+    return meta
+
+
+def test_the_gpu_health_agent_is_scraped_on_every_gpu_node_only() -> None:
+    """The agent is a host service, not a pod: its targets come from the Node objects (discovery role node;
+    Prometheus's ClusterRole reads nodes already), one per node with the GPU node label of
+    nvidia_device_plugin, on the node's InternalIP at the agent's port, labelled with the node's name."""
+    config = yaml.safe_load(render("prometheus.yml.j2", monitoring_alert_webhook_url=WEBHOOK))
+    (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "gpu-health-agent"]
+    assert job["kubernetes_sd_configs"] == [{"role": "node"}]
+    assert job.get("metrics_path", "/metrics") == "/metrics" and job.get("scheme", "http") == "http"
+    gpu_label = LOADED["nvidia_device_plugin_node_label"]
+    port = LOADED["gpu_health_agent_metrics_port"]
+    nodes = [
+        node_target("gpu-node-1", "10.89.42.11", {**gpu_label, "node-role.kubernetes.io/control-plane": ""}),
+        node_target("gpu-node-2", "10.89.42.12", gpu_label),
+        node_target("cpu-node-1", "10.89.42.21", {"kubernetes.io/os": "linux"}),
+        node_target("gpu-node-3", "10.89.42.13", {key: "false" for key in gpu_label}),
+    ]
+    targets = [relabel(node, job["relabel_configs"]) for node in nodes]
+    kept = [t for t in targets if t is not None]
+    assert [(t["__address__"], t["node"]) for t in kept] == [
+        (f"10.89.42.11:{port}", "gpu-node-1"),
+        (f"10.89.42.12:{port}", "gpu-node-2"),
+    ]
+    # another port or label is followed, not copied
+    other = yaml.safe_load(
+        render(
+            "prometheus.yml.j2",
+            monitoring_alert_webhook_url=WEBHOOK,
+            gpu_health_agent_metrics_port=9555,
+            nvidia_device_plugin_node_label={"example.org/accelerator": "a100"},
+        )
+    )
+    (job,) = [j for j in other["scrape_configs"] if j["job_name"] == "gpu-health-agent"]
+    node = node_target("gpu-node-2", "10.89.42.12", {"example.org/accelerator": "a100"})
+    assert relabel(node, job["relabel_configs"])["__address__"] == "10.89.42.12:9555"  # type: ignore[index]
+    assert relabel(node_target("gpu-node-2", "10.89.42.12", gpu_label), job["relabel_configs"]) is None
 
 
 def test_alertmanager_config_is_accepted(tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """Every metric name the alert rules and the dashboards read is one an exporter of this stack emits: the
 simulator's /metrics (vLLM's names of the pinned version), the gateway's internal /metrics, dcgm-exporter
-for the role's counters file, or Prometheus itself (`up`). Both serving processes are started for real.
+for the role's counters file, the GPU health agent's /metrics (module_utils/gpu_health_agent.py, after a
+poll), or Prometheus itself (`up`). Both serving processes are started for real.
 The article's alert on `vllm_request_success_total` is the example of a name nobody emits."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from ansible.module_utils.gpu_health_agent import Agent, Config
 from lab.upstream_manifests import UpstreamError, manifest
 from monitoring_promql import (
     COUNTERS,
@@ -45,11 +47,32 @@ def serving(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
         stack.stop()
 
 
+def agent_metrics() -> str:
+    """The GPU health agent's /metrics text (its own metrics(), as its HTTP handler serves it) after a poll of
+    a GPU with a reason code, so every family has a sample."""
+    config = Config(
+        node_name="gpu-node-2",
+        api_server="https://127.0.0.1:6443",
+        ca_file="ca.crt",
+        token_file="token",
+        lease_namespace="gpu-health",
+        lease_name="gpu-health-breaker",
+    )
+    agent = Agent(config, nvml=None, api=None)  # type: ignore[arg-type]  # metrics() reads its state only
+    agent.state.health = {
+        "verdict": "degraded",
+        "reasons": [],
+        "gpus": [{"index": 0, "uuid": "GPU-a", "verdict": "degraded", "reasons": ["temperature_slowdown"]}],
+    }
+    return agent.metrics()
+
+
 @pytest.fixture(scope="module")
 def emitted(serving: dict[str, str]) -> set[str]:
     return (
         exposition_names(serving["vllm"])
         | exposition_names(serving["gateway"])
+        | exposition_names(agent_metrics())
         | dcgm_exported_names()
         | PROMETHEUS_OWN
     )
@@ -77,6 +100,9 @@ def test_a_name_nobody_emits_is_caught(emitted: set[str]) -> None:
 
 def test_exporters_answered(serving: dict[str, str]) -> None:
     assert 'vllm:request_success_total{finished_reason="stop",model_name="m"} 1.0' in serving["vllm"]
+    assert {"gpu_health_agent_polls_total", "gpu_health_agent_poll_errors_total"} <= exposition_names(
+        agent_metrics()
+    )
     assert "http_request_duration_seconds_bucket" in serving["gateway"]
     assert "llm_gateway_upstream_breaker_state" in serving["gateway"]
 

@@ -4,7 +4,7 @@ non-root (dcgm-exporter keeps upstream's root for the reasons checked here), res
 long-running container, Secret values never outside Secrets; Prometheus discovers pods with a ClusterRole
 and reads the files the ConfigMaps carry where its configuration says; Grafana finds its provisioning;
 dcgm-exporter runs only on GPU nodes with the role's counters; the network policy lets Prometheus reach the
-serving namespace's vLLM and gateway pods."""
+serving namespace's vLLM and gateway pods, and the GPU health agents on the nodes' addresses."""
 
 from __future__ import annotations
 
@@ -20,7 +20,15 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from monitoring_render import ROOT, SITE, all_objects, dcgm_exporter_objects, render, render_objects
+from monitoring_render import (
+    LOADED,
+    ROOT,
+    SITE,
+    all_objects,
+    dcgm_exporter_objects,
+    render,
+    render_objects,
+)
 
 K8S_VERSION = "1.36.0"
 DIGEST_RE = re.compile(r"^[^@\s]+:[^@:/\s]+@sha256:[0-9a-f]{64}$")
@@ -286,6 +294,27 @@ def test_prometheus_may_reach_the_api_servers_port() -> None:
         assert {"ports": [{"protocol": "TCP", "port": port}]} in egress
 
 
+def test_prometheus_may_reach_the_gpu_health_agents_on_the_nodes_addresses_only() -> None:
+    """The agent runs on the host: pod and namespace selectors never match it, and the default deny drops
+    Prometheus's egress to a node's address. One rule lets it reach the nodes' InternalIPs (read from the
+    Node objects, where its discovery finds the agents) on the agent's port and nothing else there."""
+    port = LOADED["gpu_health_agent_metrics_port"]
+    objs = render_objects("network-policy.yml.j2", __monitoring_node_addresses=["10.89.42.11", "fd00::12"])
+    egress = by(objs, "NetworkPolicy", "prometheus")["spec"]["egress"]
+    agent = [rule for rule in egress if {"protocol": "TCP", "port": port} in rule.get("ports", [])]
+    assert agent == [
+        {
+            "to": [{"ipBlock": {"cidr": "10.89.42.11/32"}}, {"ipBlock": {"cidr": "fd00::12/128"}}],
+            "ports": [{"protocol": "TCP", "port": port}],
+        }
+    ]
+    # no address read (no node yet): no rule, never an empty `to`, which would allow every destination
+    objs = render_objects("network-policy.yml.j2", __monitoring_node_addresses=[])
+    egress = by(objs, "NetworkPolicy", "prometheus")["spec"]["egress"]
+    assert all(rule.get("to", None) != [] for rule in egress)
+    assert not [rule for rule in egress if {"protocol": "TCP", "port": port} in rule.get("ports", [])]
+
+
 def test_the_templates_use_the_roles_variables_only() -> None:
     """StrictUndefined rendering with the defaults alone (no site values) still renders: nothing undefined."""
     for template in ("prometheus-workload.yml.j2", "grafana-workload.yml.j2", "network-policy.yml.j2"):
@@ -293,6 +322,7 @@ def test_the_templates_use_the_roles_variables_only() -> None:
             template,
             monitoring_alert_webhook_url="https://a.example.org/x",
             __monitoring_api_server_port=6443,
+            __monitoring_node_addresses=["10.89.42.11"],
         )
 
 
@@ -323,7 +353,7 @@ def test_the_tests_renderer_matches_ansibles(tmp_path: Path) -> None:
         {
             "hosts": "localhost",
             "gather_facts": False,
-            "vars": SITE,
+            "vars": {**LOADED, **SITE},
             "tasks": [{"ansible.builtin.include_role": {"name": "monitoring", "tasks_from": "render"}}],
         }
     ]

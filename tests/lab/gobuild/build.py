@@ -25,6 +25,7 @@ Where the versions come from (their one home each, checked here against go.mod b
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import os
@@ -420,11 +421,21 @@ def upstream_modules(binary: Path) -> list[tuple[str, str]]:
 
 
 def build(component: Component) -> Path:
-    """The directory holding the component's binaries, built unless the cache has them."""
+    """The directory holding the component's binaries, built unless the cache has them (one build at a time
+    per component: a second caller waits for the first's result)."""
     version = check_pin(component)
     target = output_dir(component)
     if (target / ".complete").is_file():
         return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with (target.parent / f"{target.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / ".complete").is_file():
+            return target
+        return _build(component, version, target)
+
+
+def _build(component: Component, version: str, target: Path) -> Path:
     staging = target.with_name(target.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)

@@ -64,6 +64,11 @@ if [ -n "$python310" ]; then
   tar -C "$python310" --exclude='lib/python3.10/test' --exclude='lib/python3.10/site-packages/*' \
     --exclude='lib/python3.10/config-3.10-x86_64-linux-gnu/*.a' -cf - bin/python3.10 lib include |
     tar -C "$root/usr/local" -xf -
+  # the build's prefix is in its sysconfig data (include and library paths): the node's is /usr/local
+  grep -rlF "$python310" "$root"/usr/local/lib/python3.10/_sysconfigdata_*.py \
+    "$root/usr/local/lib/python3.10/config-3.10-x86_64-linux-gnu" "$root/usr/local/lib/pkgconfig" 2>/dev/null |
+    xargs -r sed -i "s#$python310#/usr/local#g"
+  rm -f "$root"/usr/local/lib/python3.10/__pycache__/_sysconfigdata_*.pyc
   chroot "$root" ldconfig
   # /usr/bin/python3 (Debian's points at 3.11) is the node's 3.10, the interpreter both inventories name;
   # Debian's 3.11 stays as /usr/bin/python3.11.
