@@ -136,6 +136,9 @@ class Component:
     # of third-party modules, which its release builds use
     replaces: Callable[[str], dict[str, str]] = lambda _version: {}
     own: bool = False  # the lab's own programs (this repository's code): no upstream pin to check
+    # (go build's name, the name upstream's release gives it) where they differ: go build names a binary
+    # after its package's last path element that is not a major version (go.etcd.io/etcd/server/v3: server)
+    renamed: tuple[tuple[str, str], ...] = ()
 
 
 def k8s_staging_replaces(version: str) -> dict[str, str]:
@@ -205,8 +208,16 @@ COMPONENTS = (
         "etcd",
         "go.etcd.io/etcd/v3",
         lambda: "v" + kubeadm_constant("DefaultEtcdVersion").split("-")[0],
-        ("go.etcd.io/etcd/v3", "go.etcd.io/etcd/etcdctl/v3", "go.etcd.io/etcd/etcdutl/v3"),
+        # the server's main package is its own module's root (server/main.go); the release's root module
+        # holds no command (dummy.go, a test file) but stays required: its version is the pin checked
+        (
+            "go.etcd.io/etcd/v3",
+            "go.etcd.io/etcd/server/v3",
+            "go.etcd.io/etcd/etcdctl/v3",
+            "go.etcd.io/etcd/etcdutl/v3",
+        ),
         replaces=etcd_sibling_replaces,
+        renamed=(("server", "etcd"),),
     ),
     Component(
         "coredns",
@@ -397,6 +408,8 @@ def build_key(component: Component, version: str) -> str:
         "tags": component.tags,
         "go": go_version(),
     }
+    if component.renamed:  # only then: the other components' keys stay
+        spec["renamed"] = component.renamed
     h.update(json.dumps(spec, sort_keys=True).encode())
     return h.hexdigest()[:16]
 
@@ -448,6 +461,8 @@ def _build(component: Component, version: str, target: Path) -> Path:
                cgo=component.cgo)  # fmt: skip
     if built.returncode != 0:
         raise BuildError(f"{component.name}: go build failed:\n{built.stderr.strip()[-4000:]}")
+    for built_name, name in component.renamed:
+        (staging / built_name).rename(staging / name)
     for binary in sorted(staging.iterdir()) if not component.own else []:
         named = upstream_modules(binary)
         if not any(

@@ -16,6 +16,7 @@ replace (
 tool (
 	go.etcd.io/etcd/etcdctl/v3
 	go.etcd.io/etcd/etcdutl/v3
+	go.etcd.io/etcd/server/v3
 	go.etcd.io/etcd/v3
 )
 
