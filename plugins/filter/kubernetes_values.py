@@ -14,8 +14,9 @@ Filters:
 - ``k8s_value_errors(checks)``: ``checks`` is a list of ``[variable, kind, value]``; returns one message per
   value the API server would refuse, each naming the variable (empty list: all good).
 - ``k8s_entry_errors(entries, variable, fields)``: the same for each entry of a list of dicts; ``fields`` maps
-  a key of the entry to its kind, and each message names ``variable[index] (name).key``. Absent keys are
-  left to the role's defaults.
+  a key of the entry to its kind (or a list of kinds, all of which apply: a model's name is both a Service and
+  a StatefulSet name), and each message names ``variable[index] (name).key``. Absent keys are left to the
+  role's defaults.
 - ``k8s_quantity_value(value)``: the number a quantity stands for (``"16Gi"`` -> 17179869184.0), to compare
   sizes; fails on a value that is not a quantity.
 
@@ -276,22 +277,25 @@ def k8s_value_errors(checks: list[Any]) -> list[str]:
     return errors
 
 
-def k8s_entry_errors(entries: Any, variable: str, fields: Mapping[str, str]) -> list[str]:
-    """The same per entry of ENTRIES (a list of dicts): FIELDS maps a key to its kind; messages name
-    VARIABLE[index] (name).key. Keys an entry leaves out are the role's defaults, not checked here."""
+def k8s_entry_errors(entries: Any, variable: str, fields: Mapping[str, Any]) -> list[str]:
+    """The same per entry of ENTRIES (a list of dicts): FIELDS maps a key to its kind or list of kinds;
+    messages name VARIABLE[index] (name).key. Keys an entry leaves out are the role's defaults, unchecked."""
     if not isinstance(entries, list):
         return [f"{variable}: must be a list, got {entries!r}"]
-    checks = []
+    errors = []
     for index, entry in enumerate(entries):
         if not isinstance(entry, Mapping):
             raise AnsibleFilterError(f"{variable}[{index}] must be a dict, got {entry!r}")
         name = f" ({entry['name']})" if isinstance(entry.get("name"), str) else ""
-        checks += [
-            [f"{variable}[{index}]{name}.{key}", kind, entry[key]]
-            for key, kind in fields.items()
-            if key in entry
-        ]
-    return k8s_value_errors(checks)
+        for key, kinds in fields.items():
+            if key not in entry:
+                continue
+            for kind in [kinds] if isinstance(kinds, str) else kinds:
+                found = k8s_value_errors([[f"{variable}[{index}]{name}.{key}", kind, entry[key]]])
+                if found:  # the first rule a value breaks is enough to say
+                    errors += found
+                    break
+    return errors
 
 
 def k8s_quantity_value(value: Any) -> float:

@@ -188,6 +188,10 @@ def test_entries_are_named_by_index_name_and_key() -> None:
         f"vllm_serving_models[1] (7b).resources.limits.memory: '1.5Gb' is not a quantity; {kv.QUANTITY_HINT}",
     ]
     assert kv.k8s_entry_errors("x", "v", fields) == ["v: must be a list, got 'x'"]
+    both = {"name": ["dns1035_label", "statefulset_name"]}
+    assert kv.k8s_entry_errors([{"name": "a" * 52}], "v", both) == []
+    too_long = kv.k8s_entry_errors([{"name": "a" * 53}, {"name": "7b"}], "v", both)
+    assert len(too_long) == 2 and "too long for a StatefulSet" in too_long[0] and "DNS-1035" in too_long[1]
 
 
 def test_an_unknown_kind_is_a_bug_in_the_role_not_the_inventory() -> None:

@@ -32,7 +32,14 @@ MODEL = {
 
 def role_vars(**overrides: Any) -> dict[str, Any]:
     defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
-    return {**defaults, **yaml.safe_load((ROLE / "vars" / "main.yml").read_text()), **overrides}
+    # the RuntimeClass and GPU node label have one home, the device plugin role (validate.yml loads it)
+    device_plugin = yaml.safe_load((ROOT / "roles/nvidia_device_plugin/defaults/main.yml").read_text())
+    return {
+        **device_plugin,
+        **defaults,
+        **yaml.safe_load((ROLE / "vars" / "main.yml").read_text()),
+        **overrides,
+    }
 
 
 def render(template: str, model: dict[str, Any], **overrides: Any) -> dict[str, Any]:
@@ -105,6 +112,13 @@ def test_image_by_digest_and_arguments(statefulset: dict[str, Any]) -> None:
     assert statefulset["spec"]["replicas"] == 2
 
 
+def test_the_runtime_class_is_the_device_plugin_roles() -> None:
+    """One home: the RuntimeClass the nvidia_device_plugin role creates, never a literal in the template."""
+    assert render("statefulset.yml.j2", MODEL)["spec"]["template"]["spec"]["runtimeClassName"] == "nvidia"
+    renamed = render("statefulset.yml.j2", MODEL, nvidia_device_plugin_runtime_class="nvidia-cdi")
+    assert renamed["spec"]["template"]["spec"]["runtimeClassName"] == "nvidia-cdi"
+
+
 def test_scraped_by_the_monitoring_job(statefulset: dict[str, Any]) -> None:
     """The labels and annotations the monitoring role's `vllm` scrape job keeps."""
     meta = statefulset["spec"]["template"]["metadata"]
@@ -174,10 +188,30 @@ def test_good_input_passes(tmp_path: Path) -> None:
         ),
         (
             {"vllm_serving_models": [{**MODEL, "resources": {"requests": {"nvidia.com/gpu": 1}}}]},
-            "vllm_serving_models[0] (qwen2-7b).resources",
-            "differ from limits",
+            "vllm_serving_models[0] (qwen2-7b).resources.requests.nvidia.com/gpu",
+            "must equal its limit",
         ),
-        ({"vllm_serving_models": [{**MODEL, "name": "Qwen2_7B"}]}, "vllm_serving_models", "DNS label"),
+        (
+            {"vllm_serving_models": [{**MODEL, "name": "Qwen2_7B"}]},
+            "vllm_serving_models[0] (Qwen2_7B).name",
+            "not a DNS-1035 label",
+        ),
+        ({"vllm_serving_models": [{**MODEL, "name": "7b"}]}, "vllm_serving_models[0] (7b).name", "DNS-1035"),
+        ({"vllm_serving_memory": "64GB"}, "vllm_serving_memory: '64GB' is not a quantity", "64Gi"),
+        ({"vllm_serving_shm_size": "1.5Gb"}, "vllm_serving_shm_size: '1.5Gb' is not a quantity", "Ki Mi Gi"),
+        ({"vllm_serving_cpu": "2 cores"}, "vllm_serving_cpu: '2 cores' is not a quantity", "500m"),
+        ({"vllm_serving_namespace": "Serving"}, "vllm_serving_namespace: 'Serving'", "DNS-1123 label"),
+        ({"vllm_serving_uid": 0}, "vllm_serving_uid", "not root"),
+        (
+            {"vllm_serving_models": [{**MODEL, "resources": {"limits": {"memory": "64GB"}}}]},
+            "vllm_serving_models[0] (qwen2-7b).resources.limits.memory: '64GB'",
+            "is not a quantity",
+        ),
+        (
+            {"vllm_serving_models": [{**MODEL, "replicas": 2**31}]},
+            "vllm_serving_models[0] (qwen2-7b).replicas",
+            "not a replica count",
+        ),
         (
             {"vllm_serving_models": [{k: v for k, v in MODEL.items() if k != "version"}]},
             "vllm_serving_models[0] (qwen2-7b).version",
@@ -201,6 +235,14 @@ def test_good_input_passes(tmp_path: Path) -> None:
         "gpus-over-node",
         "requests-not-limits",
         "bad-name",
+        "name-starts-with-a-digit",
+        "memory-64GB",
+        "shm-1.5Gb",
+        "cpu-2-cores",
+        "namespace",
+        "uid-root",
+        "resources-64GB",
+        "replicas-int32",
         "no-version",
         "version-current",
         "unknown-key",
