@@ -112,6 +112,37 @@ def test_image_by_digest_and_arguments(statefulset: dict[str, Any]) -> None:
     assert statefulset["spec"]["replicas"] == 2
 
 
+NCCL_SO = "/usr/local/lib/python3.10/dist-packages/nvidia/nccl/lib/libnccl.so.2"
+
+
+def test_vllm_0_4_2_as_uid_1001_finds_nccl_and_reports_nothing(statefulset: dict[str, Any]) -> None:
+    """v0.4.2 looks for NCCL under the installing user's home (/root/.config/vllm/nccl, unreadable for uid
+    1001: "Cannot find libnccl.so.2", vllm-project/vllm#4312) unless VLLM_NCCL_SO_PATH names one: the image's
+    pip-installed NCCL, with cuMem off as vLLM itself does from 0.4.3 on (vllm-project/vllm#5091). No usage
+    reports from nodes that reach nothing outside."""
+    env = {e["name"]: e["value"] for e in statefulset["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["VLLM_NCCL_SO_PATH"] == NCCL_SO
+    assert env["NCCL_CUMEM_ENABLE"] == "0"
+    assert env["VLLM_NO_USAGE_STATS"] == "1" and env["DO_NOT_TRACK"] == "1"
+    assert env["RAY_USAGE_STATS_ENABLED"] == "0"
+    assert env["HOME"] == "/tmp"
+
+
+def test_dev_shm_holds_ray_s_object_store_for_tensor_parallelism(statefulset: dict[str, Any]) -> None:
+    """TP 2 on v0.4.2 runs its workers on a Ray started in the pod; Ray's object store stays in /dev/shm only
+    when /dev/shm is larger than it (min(30 % of the memory, max(10 GB, 95 % of /dev/shm))): 16Gi here."""
+    pod = statefulset["spec"]["template"]["spec"]
+    dshm = next(v for v in pod["volumes"] if v["name"] == "dshm")
+    assert dshm["emptyDir"] == {"medium": "Memory", "sizeLimit": "16Gi"}
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in pod["containers"][0]["volumeMounts"]
+
+
+def test_a_tag_without_runtime_facts_gets_only_the_common_environment() -> None:
+    newer = render("statefulset.yml.j2", MODEL, vllm_serving_image_tag="v0.5.0")
+    env = {e["name"] for e in newer["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert "VLLM_NCCL_SO_PATH" not in env and {"VLLM_NO_USAGE_STATS", "DO_NOT_TRACK"} <= env
+
+
 def test_the_runtime_class_is_the_device_plugin_roles() -> None:
     """One home: the RuntimeClass the nvidia_device_plugin role creates, never a literal in the template."""
     assert render("statefulset.yml.j2", MODEL)["spec"]["template"]["spec"]["runtimeClassName"] == "nvidia"
@@ -169,6 +200,28 @@ def run_validate(
 def test_good_input_passes(tmp_path: Path) -> None:
     result = run_validate(tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("variables", "ok"),
+    [
+        ({"vllm_serving_shm_size": "8Gi"}, False),  # Ray's store (10 GB) would not fit: it moves to /tmp
+        ({"vllm_serving_shm_size": "12Gi"}, True),
+        ({"vllm_serving_shm_size": "8Gi", "vllm_serving_models": [{**MODEL, "gpus_per_replica": 1}]}, True),
+        ({"vllm_serving_memory": "1Gi", "vllm_serving_shm_size": "512Mi"}, True),  # 30 % of 1Gi fits: lab
+        ({"vllm_serving_memory": "1Gi", "vllm_serving_shm_size": "256Mi"}, False),
+        ({"vllm_serving_memory": "16Gi", "vllm_serving_shm_size": "16Gi"}, False),  # shm counts as memory
+    ],
+    ids=["tp2-8Gi", "tp2-12Gi", "tp1-8Gi", "lab-1Gi-512Mi", "lab-1Gi-256Mi", "shm-as-large-as-memory"],
+)
+def test_dev_shm_is_sized_for_the_ray_object_store_and_below_the_memory_limit(
+    tmp_path: Path, variables: dict[str, Any], ok: bool
+) -> None:
+    result = run_validate(tmp_path, **variables)
+    out = " ".join(result.stdout.split())
+    assert (result.returncode == 0) == ok, out[-2000:]
+    if not ok:
+        assert "vllm_serving_models[0] (qwen2-7b)" in out and "vllm_serving_shm_size" in out, out[-2000:]
 
 
 @pytest.mark.parametrize(
