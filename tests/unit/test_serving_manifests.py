@@ -58,7 +58,7 @@ def statefulset() -> dict[str, Any]:
     return render("statefulset.yml.j2", MODEL)
 
 
-@pytest.mark.parametrize("template", ["statefulset.yml.j2", "service.yml.j2"])
+@pytest.mark.parametrize("template", ["statefulset.yml.j2", "service.yml.j2", "pdb.yml.j2"])
 def test_objects_validate_against_the_1_36_schemas(template: str) -> None:
     kubernetes_validate.validate(render(template, MODEL), K8S_VERSION, strict=True)
 
@@ -141,6 +141,64 @@ def test_a_tag_without_runtime_facts_gets_only_the_common_environment() -> None:
     newer = render("statefulset.yml.j2", MODEL, vllm_serving_image_tag="v0.5.0")
     env = {e["name"] for e in newer["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert "VLLM_NCCL_SO_PATH" not in env and {"VLLM_NO_USAGE_STATS", "DO_NOT_TRACK"} <= env
+
+
+def test_replicas_spread_over_gpu_nodes_one_per_node_first(statefulset: dict[str, Any]) -> None:
+    """Two replicas never share a node while another GPU node has fewer (a node lost costs the model one
+    replica, not all); cordoned nodes do not count (nodeTaintsPolicy Honor); only GPU nodes are domains."""
+    pod = statefulset["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}  # nvidia_device_plugin_node_label
+    assert pod["topologySpreadConstraints"] == [
+        {
+            "maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "DoNotSchedule",
+            "nodeAffinityPolicy": "Honor",
+            "nodeTaintsPolicy": "Honor",
+            "labelSelector": {
+                "matchLabels": {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/instance": "qwen2-7b"}
+            },
+        }
+    ]
+    labels = statefulset["spec"]["template"]["metadata"]["labels"]
+    assert pod["topologySpreadConstraints"][0]["labelSelector"]["matchLabels"].items() <= labels.items()
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 3])
+def test_each_model_has_a_pod_disruption_budget_of_one(replicas: int) -> None:
+    """maxUnavailable 1 at any replica count: a drain takes one replica of a model at a time, and a model with
+    one replica can still be drained (it is down until its pod runs elsewhere: docs/runbook.md). Pods that
+    are not ready may always be evicted (they serve nothing): a broken GPU's pod never blocks the drain."""
+    model = {**MODEL, "replicas": replicas}
+    pdb = render("pdb.yml.j2", model)
+    pods = render("statefulset.yml.j2", model)["spec"]["template"]["metadata"]["labels"]
+    assert pdb["metadata"] == {
+        "name": "qwen2-7b",
+        "namespace": "serving",
+        "labels": {
+            "app.kubernetes.io/name": "vllm",
+            "app.kubernetes.io/instance": "qwen2-7b",
+            "app.kubernetes.io/part-of": "llm-serving",
+        },
+    }
+    assert pdb["spec"] == {
+        "maxUnavailable": 1,
+        "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        "selector": {
+            "matchLabels": {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/instance": "qwen2-7b"}
+        },
+    }
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pods.items()
+
+
+def test_the_pdb_is_applied_with_the_model_and_removed_with_a_canary() -> None:
+    apply = yaml.safe_load((ROLE / "tasks" / "apply.yml").read_text())
+    applied = next(t for t in apply if "StatefulSet" in t["name"])
+    assert "pdb.yml.j2" in str(applied["kubernetes.core.k8s"]["definition"])
+    rollout = ROOT / "roles" / "model_rollout" / "tasks"
+    for action in ("promote.yml", "rollback.yml"):
+        text = (rollout / action).read_text()
+        assert "{api_version: policy/v1, kind: PodDisruptionBudget}" in text, action
 
 
 def test_the_runtime_class_is_the_device_plugin_roles() -> None:
