@@ -93,6 +93,29 @@ def test_objects_exist_in_the_api_as_rendered(first_run: Run) -> None:
     assert kubectl_json("get secret llm-gateway-jwt")["data"]["jwt-secret"]
 
 
+def test_vllm_runs_as_uid_1001_spread_and_budgeted_on_the_api(first_run: Run) -> None:
+    """What the stage applied, read back: the NCCL path and no usage reports (v0.4.2 as uid 1001 with TP 2),
+    /dev/shm in memory, the device plugin's RuntimeClass and GPU node label, the replicas spread by host name,
+    and the model's PodDisruptionBudget (maxUnavailable 1) with its status computed by the API (issue 16 items
+    3, 10, 11)."""
+    assert first_run.rc == 0
+    pod = kubectl_json(f"get statefulset {MODEL['name']}")["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["VLLM_NCCL_SO_PATH"] == "/usr/local/lib/python3.10/dist-packages/nvidia/nccl/lib/libnccl.so.2"
+    assert env["VLLM_NO_USAGE_STATS"] == "1" and env["DO_NOT_TRACK"] == "1"
+    dshm = next(v for v in pod["volumes"] if v["name"] == "dshm")["emptyDir"]
+    assert dshm["medium"] == "Memory" and dshm["sizeLimit"] == LAB_VARS["vllm_serving_shm_size"]
+    assert pod["runtimeClassName"] == "nvidia" and pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    spread = pod["topologySpreadConstraints"][0]
+    assert spread["topologyKey"] == "kubernetes.io/hostname"
+    assert spread["whenUnsatisfiable"] == "DoNotSchedule"
+    pdb = kubectl_json(f"get poddisruptionbudget {MODEL['name']}")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"]["app.kubernetes.io/instance"] == MODEL["name"]
+    assert pdb["status"]["expectedPods"] == MODEL["replicas"]
+    assert pdb["status"]["disruptionsAllowed"] == 1
+
+
 def test_second_run_changes_nothing(first_run: Run) -> None:
     assert first_run.rc == 0
     # on the lab make lab converged, the module's first run is a second run already; `--check --diff` on the
@@ -138,8 +161,12 @@ BAD = {
     ),
     "requests-not-limits": (
         {"vllm_serving_models": [{**MODEL, "resources": {"requests": {"nvidia.com/gpu": 1}}}]},
-        f"vllm_serving_models[0] ({MODEL['name']}).resources: requests",
+        f"vllm_serving_models[0] ({MODEL['name']}).resources.requests.nvidia.com/gpu: must equal its limit",
     ),
+    # what a real API server answers with a 422, refused here first (issue 16 item 11)
+    "memory-64GB": ({"vllm_serving_memory": "64GB"}, "vllm_serving_memory: '64GB' is not a quantity"),
+    "shm-1.5Gb": ({"vllm_serving_shm_size": "1.5Gb"}, "vllm_serving_shm_size: '1.5Gb' is not a quantity"),
+    "gateway-cpu-2-cores": ({"llm_gateway_cpu": "2 cores"}, "llm_gateway_cpu: '2 cores' is not a quantity"),
     "vllm-no-digest": ({"vllm_serving_image_digest": ""}, "vllm_serving_image_digest must be"),
     "gateway-no-digest": ({"llm_gateway_image_digest": "v0.1.0"}, "llm_gateway_image_digest must be"),
     "cuda-too-new": ({"vllm_serving_image_tag": "v0.4.3"}, "vllm_serving_image_tag v0.4.3 needs CUDA 12.4"),

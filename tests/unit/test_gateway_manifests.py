@@ -335,10 +335,31 @@ def validate(tmp_path: Path, **variables: Any) -> subprocess.CompletedProcess[st
         ({"llm_gateway_image_digest": ""}, "llm_gateway_image_digest must be the digest"),
         ({"llm_gateway_image_digest": "sha256:abc"}, "llm_gateway_image_digest must be the digest"),
         ({"llm_gateway_jwt_secret": "short-secret"}, "llm_gateway_jwt_secret must be a string of at least"),
-        ({"llm_gateway_node_port": 8080}, "llm_gateway_node_port must be in Kubernetes' NodePort range"),
+        ({"llm_gateway_node_port": 8080}, "llm_gateway_node_port: 8080 is not a NodePort"),
         ({"llm_gateway_pdb_min_available": 2}, "llm_gateway_pdb_min_available (2) below it"),
         ({"llm_gateway_settings": {"auth": {"mode": "none"}}}, "llm_gateway_settings may carry only"),
-        ({"llm_gateway_memory": "4 GB"}, "llm_gateway_memory a memory quantity"),
+        ({"llm_gateway_memory": "4 GB"}, "llm_gateway_memory: '4 GB' is not a quantity"),
+        ({"llm_gateway_memory": "4GB"}, "llm_gateway_memory: '4GB' is not a quantity"),
+        ({"llm_gateway_cpu": "2 cores"}, "llm_gateway_cpu: '2 cores' is not a quantity"),
+        ({"llm_gateway_namespace": "Serving"}, "llm_gateway_namespace: 'Serving' is not a DNS-1123 label"),
+        ({"llm_gateway_image_tag": "0.1.0+local"}, "llm_gateway_image_tag (label app.kubernetes.io/version)"),
+        ({"llm_gateway_models": [{"name": "7b"}]}, "llm_gateway_models[0] (7b).name: '7b' is not a DNS-1035"),
+        (
+            {"serving_network_policy_prometheus_labels": {"app.kubernetes.io/name": "prom etheus"}},
+            "serving_network_policy_prometheus_labels: label value 'prom etheus'",
+        ),
+        (
+            {"serving_network_policy_dns_labels": {"k8s app": "kube-dns"}},
+            "serving_network_policy_dns_labels: label key 'k8s app'",
+        ),
+        (
+            {"serving_network_policy_vllm_extra_egress": [{**EXTRA_EGRESS[0], "pod_labels": {"a": "x y"}}]},
+            "serving_network_policy_vllm_extra_egress[0] (redis).pod_labels: label value 'x y'",
+        ),
+        (
+            {"serving_network_policy_vllm_extra_egress": [{**EXTRA_EGRESS[1], "cidr": "10.20.0.10/33"}]},
+            "serving_network_policy_vllm_extra_egress[0] (minio).cidr: '10.20.0.10/33' is not a CIDR",
+        ),
         ({"llm_gateway_models": []}, "llm_gateway_models (the serving stage passes vllm_serving_models)"),
         (
             {"serving_network_policy_vllm_extra_egress": [{"name": "redis", "ports": [6379]}]},
@@ -349,8 +370,9 @@ def validate(tmp_path: Path, **variables: Any) -> subprocess.CompletedProcess[st
             "serving_network_policy_vllm_extra_egress[0]",
         ),
     ],
-    ids=["no-digest", "short-digest", "short-secret", "nodeport", "pdb", "settings", "memory", "no-models",
-         "egress-no-target", "egress-port"],
+    ids=["no-digest", "short-digest", "short-secret", "nodeport", "pdb", "settings", "memory", "memory-4GB",
+         "cpu-2-cores", "namespace", "tag-label", "model-name", "prometheus-labels", "dns-labels",
+         "egress-pod-labels", "egress-cidr", "no-models", "egress-no-target", "egress-port"],
 )  # fmt: skip
 def test_bad_input_is_refused_naming_the_variable(
     tmp_path: Path, variables: dict[str, Any], says: str

@@ -114,6 +114,18 @@ def test_bad_input_is_refused_naming_the_variable(
     assert "changed=0" in out
 
 
+def test_a_canary_name_too_long_for_a_statefulset_is_refused(site: Path) -> None:
+    """<name>-canary names a StatefulSet: at most 52 characters, or its pods are never created."""
+    name = "m" * 46
+    models = {"vllm_serving_models": [{"name": name, "served_model_name": "long", "replicas": 1}]}
+    synced = {"model_sync_models": [{"name": name, "version": "v1"}]}
+    extra = ("-e", json.dumps(models), "-e", json.dumps(synced), "-e", "model=long", "-e", "version=v2")
+    rc, out = run(site, "canary", *extra)
+    says = f"the canary's StatefulSet {name}-canary: '{name}-canary' is too long"
+    assert rc != 0 and says in out, out[-3000:]
+    assert "changed=0" in out
+
+
 def test_a_version_not_synced_is_refused_naming_the_path(site: Path) -> None:
     rc, out = run(site, "canary", "-e", "model=qwen2-7b-chat", "-e", "version=v2")
     missing = site / "models" / "qwen2-7b" / "v2.manifest.json"

@@ -212,6 +212,59 @@ def test_bad_values_are_refused_naming_the_variable(variable: str, value: Any, t
     assert SITE["monitoring_grafana_admin_password"] not in result.stdout  # never printed
 
 
+GOOD_RESOURCES = {"requests": {"cpu": "500m", "memory": "2Gi"}, "limits": {"cpu": "2", "memory": "4Gi"}}
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "says"),
+    [
+        (
+            "monitoring_prometheus_resources",
+            {**GOOD_RESOURCES, "requests": {"cpu": "500m", "memory": "2GB"}},
+            "monitoring_prometheus_resources.requests.memory: '2GB' is not a quantity",
+        ),
+        (
+            "monitoring_grafana_resources",
+            {**GOOD_RESOURCES, "limits": {"cpu": "1 core", "memory": "4Gi"}},
+            "monitoring_grafana_resources.limits.cpu: '1 core' is not a quantity",
+        ),
+        (
+            "monitoring_alertmanager_resources",
+            {**GOOD_RESOURCES, "limits": {"cpu": "100m", "memory": "4Gi"}},
+            "monitoring_alertmanager_resources.requests.cpu: must be less than or equal to the cpu limit",
+        ),
+        ("monitoring_prometheus_storage_class", "a..b", "monitoring_prometheus_storage_class: 'a..b' is not"),
+        ("monitoring_namespace", "Monitoring", "monitoring_namespace: 'Monitoring' is not a DNS-1123 label"),
+    ],
+    ids=["memory-2GB", "cpu-1-core", "requests-above-limits", "storage-class", "namespace"],
+)
+def test_values_the_api_server_refuses_are_refused_first(
+    variable: str, value: Any, says: str, tmp_path: Path
+) -> None:
+    """As the API server checks them (plugins/filter/kubernetes_values.py), before anything changes."""
+    ansible = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "ansible-playbook"
+    play = [
+        {
+            "hosts": "localhost",
+            "gather_facts": False,
+            "vars": {**SITE, variable: value},
+            "tasks": [{"ansible.builtin.include_role": {"name": "monitoring", "tasks_from": "validate"}}],
+        }
+    ]
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
+    root = ROLE.parents[1]
+    result = subprocess.run(
+        [str(ansible), "-i", "localhost,", "-c", "local", str(tmp_path / "play.yml")],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=root,
+        env={"ANSIBLE_ROLES_PATH": str(root / "roles"), "PATH": "/usr/bin:/bin", "ANSIBLE_NOCOLOR": "1"},
+    )
+    assert result.returncode != 0
+    assert says in " ".join(result.stdout.split()), result.stdout[-2000:]
+
+
 def test_good_values_pass_validation(tmp_path: Path) -> None:
     ansible = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "ansible-playbook"
     play = [

@@ -269,6 +269,11 @@ def test_ecc_cordon_drain_respects_pod_disruption_budgets(fresh: Site) -> None:
         blocked = fresh.play("ecc-cordon.yml", "-e", "drain=true", "-e", "drain_timeout=5")
         assert blocked.returncode != 0, blocked.stdout
         assert "Drain (evictions respect PodDisruptionBudgets)" in blocked.stdout
+        # the run says what is left on the node, which budget holds it, and the choices, none taken for you
+        said = " ".join(blocked.stdout.split())
+        assert f"still on gpu-node-2 after 5 s: default/{first[0]}" in said, said[-3000:]
+        assert "disruption budget" in said, said[-3000:]
+        assert f"kubectl -n default delete pod {first[0]}" in said, said[-3000:]
         assert fresh.cluster.cordoned() == ["gpu-node-2"]
         assert running() == first, "the PodDisruptionBudget's only pod was evicted"
         admin.ok("DELETE", "/apis/policy/v1/namespaces/default/poddisruptionbudgets/vllm")
@@ -276,6 +281,66 @@ def test_ecc_cordon_drain_respects_pod_disruption_budgets(fresh: Site) -> None:
         assert drained.returncode == 0, drained.stdout + drained.stderr
         assert "already cordoned for the same reasons (no change): gpu-node-2" in drained.stdout
         assert running() == []
+    finally:
+        admin.request("DELETE", "/apis/apps/v1/namespaces/default/deployments/vllm")
+        admin.request("DELETE", "/apis/policy/v1/namespaces/default/poddisruptionbudgets/vllm")
+        admin.request("DELETE", "/api/v1/namespaces/default/pods?labelSelector=app%3Dvllm")
+
+
+def test_a_drain_waits_while_a_budget_refuses_then_evicts(fresh: Site) -> None:
+    """kubernetes.core.k8s_drain fails at the first eviction a PodDisruptionBudget refuses (HTTP 429) and
+    returns success with a warning when its wait_timeout passes with pods still running: the playbooks try the
+    refused eviction again until drain_timeout, as kubectl drain does, and never delete past a budget."""
+    admin = fresh.cluster.admin
+    deploy = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "vllm", "namespace": "default"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "vllm"}},
+            "template": {
+                "metadata": {"labels": {"app": "vllm"}},
+                "spec": {
+                    "nodeSelector": {"kubernetes.io/hostname": "gpu-node-2"},
+                    "containers": [{"name": "main", "image": "vllm/vllm-openai:v0.4.2"}],
+                },
+            },
+        },
+    }
+    pdb = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "vllm", "namespace": "default"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "vllm"}}},
+    }
+    admin.ok("POST", "/apis/apps/v1/namespaces/default/deployments", deploy)
+    admin.ok("POST", "/apis/policy/v1/namespaces/default/poddisruptionbudgets", pdb)
+    try:
+        from test_gpu_health_agent import wait
+
+        def on_node() -> list[str]:
+            pods = admin.ok("GET", "/api/v1/namespaces/default/pods?labelSelector=app%3Dvllm")["items"]
+            return [p["metadata"]["name"] for p in pods if p["spec"].get("nodeName") == "gpu-node-2"]
+
+        wait(on_node, timeout=30)
+        fresh.fault("gpu-node-2", "ecc", "--gpu", "0", "--uncorrectable", "1")
+        run = subprocess.Popen(
+            fresh.command("ecc-cordon.yml", "-e", "drain=true", "-e", "drain_timeout=120"),
+            cwd=ROOT,
+            env=fresh.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        wait(lambda: fresh.cluster.cordoned() == ["gpu-node-2"], timeout=120)
+        time.sleep(15)  # at least one refused eviction
+        assert run.poll() is None, "the drain gave up at the first eviction the budget refused"
+        assert on_node(), "the budget's only pod was evicted"
+        admin.ok("DELETE", "/apis/policy/v1/namespaces/default/poddisruptionbudgets/vllm")  # capacity back
+        out, _ = run.communicate(timeout=240)
+        assert run.returncode == 0, out[-3000:]
+        assert wait(lambda: not on_node(), timeout=30)
     finally:
         admin.request("DELETE", "/apis/apps/v1/namespaces/default/deployments/vllm")
         admin.request("DELETE", "/apis/policy/v1/namespaces/default/poddisruptionbudgets/vllm")

@@ -32,7 +32,14 @@ MODEL = {
 
 def role_vars(**overrides: Any) -> dict[str, Any]:
     defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
-    return {**defaults, **yaml.safe_load((ROLE / "vars" / "main.yml").read_text()), **overrides}
+    # the RuntimeClass and GPU node label have one home, the device plugin role (validate.yml loads it)
+    device_plugin = yaml.safe_load((ROOT / "roles/nvidia_device_plugin/defaults/main.yml").read_text())
+    return {
+        **device_plugin,
+        **defaults,
+        **yaml.safe_load((ROLE / "vars" / "main.yml").read_text()),
+        **overrides,
+    }
 
 
 def render(template: str, model: dict[str, Any], **overrides: Any) -> dict[str, Any]:
@@ -51,7 +58,7 @@ def statefulset() -> dict[str, Any]:
     return render("statefulset.yml.j2", MODEL)
 
 
-@pytest.mark.parametrize("template", ["statefulset.yml.j2", "service.yml.j2"])
+@pytest.mark.parametrize("template", ["statefulset.yml.j2", "service.yml.j2", "pdb.yml.j2"])
 def test_objects_validate_against_the_1_36_schemas(template: str) -> None:
     kubernetes_validate.validate(render(template, MODEL), K8S_VERSION, strict=True)
 
@@ -103,6 +110,102 @@ def test_image_by_digest_and_arguments(statefulset: dict[str, Any]) -> None:
     assert "--tensor-parallel-size=2" in container["args"]
     assert "--served-model-name=qwen2-7b-instruct" in container["args"]
     assert statefulset["spec"]["replicas"] == 2
+
+
+NCCL_SO = "/usr/local/lib/python3.10/dist-packages/nvidia/nccl/lib/libnccl.so.2"
+
+
+def test_vllm_0_4_2_as_uid_1001_finds_nccl_and_reports_nothing(statefulset: dict[str, Any]) -> None:
+    """v0.4.2 looks for NCCL under the installing user's home (/root/.config/vllm/nccl, unreadable for uid
+    1001: "Cannot find libnccl.so.2", vllm-project/vllm#4312) unless VLLM_NCCL_SO_PATH names one: the image's
+    pip-installed NCCL, with cuMem off as vLLM itself does from 0.4.3 on (vllm-project/vllm#5091). No usage
+    reports from nodes that reach nothing outside."""
+    env = {e["name"]: e["value"] for e in statefulset["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["VLLM_NCCL_SO_PATH"] == NCCL_SO
+    assert env["NCCL_CUMEM_ENABLE"] == "0"
+    assert env["VLLM_NO_USAGE_STATS"] == "1" and env["DO_NOT_TRACK"] == "1"
+    assert env["RAY_USAGE_STATS_ENABLED"] == "0"
+    assert env["HOME"] == "/tmp"
+
+
+def test_dev_shm_holds_ray_s_object_store_for_tensor_parallelism(statefulset: dict[str, Any]) -> None:
+    """TP 2 on v0.4.2 runs its workers on a Ray started in the pod; Ray's object store stays in /dev/shm only
+    when /dev/shm is larger than it (min(30 % of the memory, max(10 GB, 95 % of /dev/shm))): 16Gi here."""
+    pod = statefulset["spec"]["template"]["spec"]
+    dshm = next(v for v in pod["volumes"] if v["name"] == "dshm")
+    assert dshm["emptyDir"] == {"medium": "Memory", "sizeLimit": "16Gi"}
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in pod["containers"][0]["volumeMounts"]
+
+
+def test_a_tag_without_runtime_facts_gets_only_the_common_environment() -> None:
+    newer = render("statefulset.yml.j2", MODEL, vllm_serving_image_tag="v0.5.0")
+    env = {e["name"] for e in newer["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert "VLLM_NCCL_SO_PATH" not in env and {"VLLM_NO_USAGE_STATS", "DO_NOT_TRACK"} <= env
+
+
+def test_replicas_spread_over_gpu_nodes_one_per_node_first(statefulset: dict[str, Any]) -> None:
+    """Two replicas never share a node while another GPU node has fewer (a node lost costs the model one
+    replica, not all); cordoned nodes do not count (nodeTaintsPolicy Honor); only GPU nodes are domains."""
+    pod = statefulset["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}  # nvidia_device_plugin_node_label
+    assert pod["topologySpreadConstraints"] == [
+        {
+            "maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "DoNotSchedule",
+            "nodeAffinityPolicy": "Honor",
+            "nodeTaintsPolicy": "Honor",
+            "labelSelector": {
+                "matchLabels": {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/instance": "qwen2-7b"}
+            },
+        }
+    ]
+    labels = statefulset["spec"]["template"]["metadata"]["labels"]
+    assert pod["topologySpreadConstraints"][0]["labelSelector"]["matchLabels"].items() <= labels.items()
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 3])
+def test_each_model_has_a_pod_disruption_budget_of_one(replicas: int) -> None:
+    """maxUnavailable 1 at any replica count: a drain takes one replica of a model at a time, and a model with
+    one replica can still be drained (it is down until its pod runs elsewhere: docs/runbook.md). Pods that
+    are not ready may always be evicted (they serve nothing): a broken GPU's pod never blocks the drain."""
+    model = {**MODEL, "replicas": replicas}
+    pdb = render("pdb.yml.j2", model)
+    pods = render("statefulset.yml.j2", model)["spec"]["template"]["metadata"]["labels"]
+    assert pdb["metadata"] == {
+        "name": "qwen2-7b",
+        "namespace": "serving",
+        "labels": {
+            "app.kubernetes.io/name": "vllm",
+            "app.kubernetes.io/instance": "qwen2-7b",
+            "app.kubernetes.io/part-of": "llm-serving",
+        },
+    }
+    assert pdb["spec"] == {
+        "maxUnavailable": 1,
+        "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        "selector": {
+            "matchLabels": {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/instance": "qwen2-7b"}
+        },
+    }
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pods.items()
+
+
+def test_the_pdb_is_applied_with_the_model_and_removed_with_a_canary() -> None:
+    apply = yaml.safe_load((ROLE / "tasks" / "apply.yml").read_text())
+    applied = next(t for t in apply if "StatefulSet" in t["name"])
+    assert "pdb.yml.j2" in str(applied["kubernetes.core.k8s"]["definition"])
+    rollout = ROOT / "roles" / "model_rollout" / "tasks"
+    for action in ("promote.yml", "rollback.yml"):
+        text = (rollout / action).read_text()
+        assert "{api_version: policy/v1, kind: PodDisruptionBudget}" in text, action
+
+
+def test_the_runtime_class_is_the_device_plugin_roles() -> None:
+    """One home: the RuntimeClass the nvidia_device_plugin role creates, never a literal in the template."""
+    assert render("statefulset.yml.j2", MODEL)["spec"]["template"]["spec"]["runtimeClassName"] == "nvidia"
+    renamed = render("statefulset.yml.j2", MODEL, nvidia_device_plugin_runtime_class="nvidia-cdi")
+    assert renamed["spec"]["template"]["spec"]["runtimeClassName"] == "nvidia-cdi"
 
 
 def test_scraped_by_the_monitoring_job(statefulset: dict[str, Any]) -> None:
@@ -158,6 +261,28 @@ def test_good_input_passes(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("variables", "ok"),
+    [
+        ({"vllm_serving_shm_size": "8Gi"}, False),  # Ray's store (10 GB) would not fit: it moves to /tmp
+        ({"vllm_serving_shm_size": "12Gi"}, True),
+        ({"vllm_serving_shm_size": "8Gi", "vllm_serving_models": [{**MODEL, "gpus_per_replica": 1}]}, True),
+        ({"vllm_serving_memory": "1Gi", "vllm_serving_shm_size": "512Mi"}, True),  # 30 % of 1Gi fits: lab
+        ({"vllm_serving_memory": "1Gi", "vllm_serving_shm_size": "256Mi"}, False),
+        ({"vllm_serving_memory": "16Gi", "vllm_serving_shm_size": "16Gi"}, False),  # shm counts as memory
+    ],
+    ids=["tp2-8Gi", "tp2-12Gi", "tp1-8Gi", "lab-1Gi-512Mi", "lab-1Gi-256Mi", "shm-as-large-as-memory"],
+)
+def test_dev_shm_is_sized_for_the_ray_object_store_and_below_the_memory_limit(
+    tmp_path: Path, variables: dict[str, Any], ok: bool
+) -> None:
+    result = run_validate(tmp_path, **variables)
+    out = " ".join(result.stdout.split())
+    assert (result.returncode == 0) == ok, out[-2000:]
+    if not ok:
+        assert "vllm_serving_models[0] (qwen2-7b)" in out and "vllm_serving_shm_size" in out, out[-2000:]
+
+
+@pytest.mark.parametrize(
     ("variables", "named", "says"),
     [
         ({"vllm_serving_image_digest": ""}, "vllm_serving_image_digest", "sha256:<64 hex>"),
@@ -174,10 +299,30 @@ def test_good_input_passes(tmp_path: Path) -> None:
         ),
         (
             {"vllm_serving_models": [{**MODEL, "resources": {"requests": {"nvidia.com/gpu": 1}}}]},
-            "vllm_serving_models[0] (qwen2-7b).resources",
-            "differ from limits",
+            "vllm_serving_models[0] (qwen2-7b).resources.requests.nvidia.com/gpu",
+            "must equal its limit",
         ),
-        ({"vllm_serving_models": [{**MODEL, "name": "Qwen2_7B"}]}, "vllm_serving_models", "DNS label"),
+        (
+            {"vllm_serving_models": [{**MODEL, "name": "Qwen2_7B"}]},
+            "vllm_serving_models[0] (Qwen2_7B).name",
+            "not a DNS-1035 label",
+        ),
+        ({"vllm_serving_models": [{**MODEL, "name": "7b"}]}, "vllm_serving_models[0] (7b).name", "DNS-1035"),
+        ({"vllm_serving_memory": "64GB"}, "vllm_serving_memory: '64GB' is not a quantity", "64Gi"),
+        ({"vllm_serving_shm_size": "1.5Gb"}, "vllm_serving_shm_size: '1.5Gb' is not a quantity", "Ki Mi Gi"),
+        ({"vllm_serving_cpu": "2 cores"}, "vllm_serving_cpu: '2 cores' is not a quantity", "500m"),
+        ({"vllm_serving_namespace": "Serving"}, "vllm_serving_namespace: 'Serving'", "DNS-1123 label"),
+        ({"vllm_serving_uid": 0}, "vllm_serving_uid", "not root"),
+        (
+            {"vllm_serving_models": [{**MODEL, "resources": {"limits": {"memory": "64GB"}}}]},
+            "vllm_serving_models[0] (qwen2-7b).resources.limits.memory: '64GB'",
+            "is not a quantity",
+        ),
+        (
+            {"vllm_serving_models": [{**MODEL, "replicas": 2**31}]},
+            "vllm_serving_models[0] (qwen2-7b).replicas",
+            "not a replica count",
+        ),
         (
             {"vllm_serving_models": [{k: v for k, v in MODEL.items() if k != "version"}]},
             "vllm_serving_models[0] (qwen2-7b).version",
@@ -201,6 +346,14 @@ def test_good_input_passes(tmp_path: Path) -> None:
         "gpus-over-node",
         "requests-not-limits",
         "bad-name",
+        "name-starts-with-a-digit",
+        "memory-64GB",
+        "shm-1.5Gb",
+        "cpu-2-cores",
+        "namespace",
+        "uid-root",
+        "resources-64GB",
+        "replicas-int32",
         "no-version",
         "version-current",
         "unknown-key",

@@ -1,0 +1,99 @@
+"""How long to wait for a StatefulSet to be ready, computed from the StatefulSet itself.
+
+One home for the rule (docs/CONTRACTS.md, "Roles"): a wait is derived from the probe settings that make a
+pod's startup budget, the replica count, the way the StatefulSet creates and updates its pods, and a margin
+for pulling the image, never a number of its own. playbooks/serving-verify.yml and roles/model_rollout use
+it with the StatefulSet read from the cluster; found through ``filter_plugins`` in ansible.cfg.
+
+- A pod is ready at most ``pull margin + startup probe window + one readiness period`` after it is created:
+  the kubelet pulls the image first (no probe covers that), the startup probe then allows
+  ``initialDelaySeconds + periodSeconds x failureThreshold``, and the readiness probe needs one success after.
+- Pods created together (``podManagementPolicy: Parallel``, nothing to update): one pod's time.
+- A rolling update replaces one pod at a time, each after the previous one is ready, and waits for the old
+  pod to terminate (``terminationGracePeriodSeconds``) before creating its replacement:
+  ``replicas x (grace + pod)``; ``OrderedReady`` creation is one pod at a time too, without the grace.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+# The API's defaults for fields a StatefulSet may leave out.
+_PROBE_PERIOD_S = 10
+_PROBE_FAILURE_THRESHOLD = 3
+_TERMINATION_GRACE_S = 30
+
+
+def _get(obj: Any, *path: str, default: Any = None) -> Any:
+    for key in path:
+        if not isinstance(obj, Mapping) or key not in obj or obj[key] is None:
+            return default
+        obj = obj[key]
+    return obj
+
+
+def pod_ready_s(pod_spec: Mapping[str, Any], pull_margin_s: int) -> int:
+    """Seconds from a pod's creation until it may at the latest be ready (its first container with a startup
+    probe, else its first container)."""
+    containers = _get(pod_spec, "containers", default=[]) or [{}]
+    container = next((c for c in containers if _get(c, "startupProbe")), containers[0])
+    startup = _get(container, "startupProbe", default={})
+    readiness = _get(container, "readinessProbe", default={})
+    window = 0
+    if startup:
+        window = _get(startup, "initialDelaySeconds", default=0) + _get(
+            startup, "periodSeconds", default=_PROBE_PERIOD_S
+        ) * _get(startup, "failureThreshold", default=_PROBE_FAILURE_THRESHOLD)
+    if readiness:
+        window += _get(readiness, "initialDelaySeconds", default=0) if not startup else 0
+        window += _get(readiness, "periodSeconds", default=_PROBE_PERIOD_S) * _get(
+            readiness, "successThreshold", default=1
+        )
+    return int(pull_margin_s) + int(window)
+
+
+def rolling(statefulset: Mapping[str, Any]) -> bool:
+    """Whether pods are (or are about to be) replaced one by one: the controller has not seen the latest spec
+    yet, or not every replica runs the update revision."""
+    replicas = _get(statefulset, "spec", "replicas", default=1)
+    status = _get(statefulset, "status", default={})
+    generation = _get(statefulset, "metadata", "generation", default=0)
+    if _get(status, "observedGeneration", default=0) < generation:
+        return True
+    if _get(status, "currentRevision") != _get(status, "updateRevision"):
+        return True
+    return _get(status, "updatedReplicas", default=0) < replicas
+
+
+def statefulset_ready_wait_s(statefulset: Mapping[str, Any], pull_margin_s: int = 0) -> int:
+    """The longest a StatefulSet may take to have every replica ready on its current spec; 0 for none."""
+    if not statefulset:
+        return 0
+    spec = _get(statefulset, "spec", default={})
+    replicas = int(_get(spec, "replicas", default=1))
+    if replicas == 0:
+        return 0
+    pod_spec = _get(spec, "template", "spec", default={})
+    pod = pod_ready_s(pod_spec, pull_margin_s)
+    grace = int(_get(pod_spec, "terminationGracePeriodSeconds", default=_TERMINATION_GRACE_S))
+    updates_by_rolling = _get(spec, "updateStrategy", "type", default="RollingUpdate") == "RollingUpdate"
+    if updates_by_rolling and rolling(statefulset):
+        return replicas * (grace + pod)
+    if _get(spec, "podManagementPolicy", default="OrderedReady") == "Parallel":
+        return pod
+    return replicas * pod
+
+
+def k8s_statefulset_ready_wait_s(statefulset: Any, pull_margin_s: int = 0, poll_s: int = 0) -> int:
+    """statefulset_ready_wait_s; with POLL_S, the number of polls of POLL_S seconds that cover it."""
+    wait = statefulset_ready_wait_s(statefulset or {}, int(pull_margin_s))
+    return math.ceil(wait / int(poll_s)) if poll_s else wait
+
+
+class FilterModule:
+    """k8s_statefulset_ready_wait_s."""
+
+    def filters(self) -> dict[str, Any]:
+        return {"k8s_statefulset_ready_wait_s": k8s_statefulset_ready_wait_s}
