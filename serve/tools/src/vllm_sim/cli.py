@@ -10,7 +10,7 @@ from pathlib import Path
 
 import orjson
 
-from .engine import STREAM_ENDS
+from .engine import STREAM_ENDS, SimConfig
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,12 +42,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args(argv)
 
-    import uvicorn
-    import uvloop
-
-    from .app import create_app
-    from .engine import SimConfig
-
     config = SimConfig(
         served_models=args.served_models,
         ttft_s=args.ttft_ms / 1000,
@@ -63,9 +57,23 @@ def main(argv: list[str] | None = None) -> int:
         stream_end=args.stream_end,
         seed=args.seed,
     )
-    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
+    serve_until_stopped(config, args.host, args.port, args.log_level, args.port_file)
+    return 0
+
+
+def serve_until_stopped(
+    config: SimConfig, host: str, port: int, log_level: str, port_file: Path | None = None
+) -> None:
+    """Serve the simulator on host:port (0: a free port, written to `port_file`) until the process is stopped.
+    Shared by `vllm-sim` and `vllm-sim-openai-api-server`."""
+    import uvicorn
+    import uvloop
+
+    from .app import create_app
+
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((args.host, args.port))
+    sock.bind((host, port))
     sock.listen(2048)
     port = sock.getsockname()[1]
     server = uvicorn.Server(
@@ -74,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             lifespan="off",
             http="httptools",
             access_log=False,
-            log_level=args.log_level,
+            log_level=log_level,
             backlog=2048,
             timeout_keep_alive=30,
         )
@@ -84,16 +92,15 @@ def main(argv: list[str] | None = None) -> int:
         task = asyncio.create_task(server.serve(sockets=[sock]))
         while not server.started and not task.done():
             await asyncio.sleep(0.01)
-        if args.port_file is not None and server.started:
-            tmp = args.port_file.with_suffix(".tmp")
+        if port_file is not None and server.started:
+            tmp = port_file.with_suffix(".tmp")
             tmp.write_bytes(orjson.dumps({"port": port}))
-            tmp.replace(args.port_file)
-        print(f"vllm-sim listening on http://{args.host}:{port}", file=sys.stderr, flush=True)
+            tmp.replace(port_file)
+        print(f"vllm-sim listening on http://{host}:{port}", file=sys.stderr, flush=True)
         await task
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(run())
-    return 0
 
 
 if __name__ == "__main__":
