@@ -179,42 +179,69 @@ def ensure_image(rebuild: bool = False) -> None:
 GATEWAY_IMAGE = "localhost/llm-gateway:0.1.0"
 # where inventories/lab has the gateway's pods pull it from: the lab registry as the site's registry
 GATEWAY_REGISTRY_REF = "lab-mirror:5000/llm-platform/llm-gateway:0.1.0"
+# The vLLM simulator, under the name of the vLLM image the product deploys (roles/vllm_serving's defaults)
+VLLM_SIM_IMAGE = "localhost/llm-lab-vllm-sim:0.4.2"
+
+
+def vllm_image_ref() -> str:
+    defaults = yaml.safe_load((REPO / "roles" / "vllm_serving" / "defaults" / "main.yml").read_text())
+    return f"{defaults['vllm_serving_image_repository']}:{defaults['vllm_serving_image_tag']}"
+
+
 # llm_gateway_image_digest of inventories/lab: the digest of the gateway image built here
 GATEWAY_DIGEST_FILE = STATE / "llm-gateway-image.digest"
 
 
-def ensure_gateway_image() -> None:
-    """The gateway image from serve/Containerfile on the lab's plain Debian 12 image (pinned by digest),
-    installing wheels built here; no registry is reachable from the lab. Writes its digest for
-    inventories/lab."""
+def ensure_wheel_image(local: str, containerfile: Path, projects: list[Path], label: str, what: str) -> None:
+    """An image built with podman from CONTAINERFILE on the lab's plain Debian 12 image (pinned by digest),
+    installing wheels of PROJECTS built here (no package index in the build); rebuilt when their sources or the
+    base change."""
     base = podman("image", "inspect", "--format", "{{.Digest}}", BASE_IMAGE).stdout.strip()
-    serve = REPO / "serve"
-    inputs = [serve / "Containerfile", serve / "pyproject.toml", *sorted((serve / "src").rglob("*.py"))]
+    inputs = [containerfile]
+    for project in projects:
+        inputs += [project / "pyproject.toml", *sorted((project / "src").rglob("*.py"))]
     wanted = digest(inputs, extra=base)
-    label = "llm-lab.gateway-inputs"
-    current = podman(
-        "image", "inspect", "--format", f'{{{{ index .Labels "{label}" }}}}', GATEWAY_IMAGE, check=False
+    current = podman("image", "inspect", "--format", f'{{{{ index .Labels "{label}" }}}}', local, check=False)
+    if current.returncode == 0 and current.stdout.strip() == wanted:
+        return
+    log(f"building image {local}: {what} ({containerfile.relative_to(REPO)}, base {BASE_IMAGE}@{base[:19]})")
+    wheels = STATE / "wheels" / local.rsplit("/", 1)[-1].split(":")[0]
+    subprocess.run(["rm", "-rf", str(wheels)], check=True)
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", *map(str, projects), "-w", str(wheels)],
+        capture_output=True,
+        text=True,
+        check=False,
     )
-    if current.returncode != 0 or current.stdout.strip() != wanted:
-        log(f"building image {GATEWAY_IMAGE} (serve/Containerfile, base {BASE_IMAGE}@{base[:19]})")
-        wheels = STATE / "gateway-wheels"
-        subprocess.run(["rm", "-rf", str(wheels)], check=True)
-        built = subprocess.run(
-            [sys.executable, "-m", "pip", "wheel", "-q", str(serve), "-w", str(wheels)],
-            capture_output=True,
-            text=True,
-            check=False,
+    if built.returncode != 0:
+        raise LabError(
+            f"pip wheel {' '.join(map(str, projects))} failed: {built.stdout[-1500:]}{built.stderr[-1500:]}"
         )
-        if built.returncode != 0:
-            raise LabError(f"pip wheel ./serve failed: {built.stdout[-1500:]}{built.stderr[-1500:]}")
-        podman(
-            "build", "-q", "-f", str(serve / "Containerfile"), "--label", f"{label}={wanted}",
-            "--build-arg", f"BASE_IMAGE={BASE_IMAGE.rsplit(':', 1)[0]}@{base}",
-            "-t", GATEWAY_IMAGE, str(wheels),
-        )  # fmt: skip
+    podman(
+        "build", "-q", "-f", str(containerfile), "--label", f"{label}={wanted}",
+        "--build-arg", f"BASE_IMAGE={BASE_IMAGE.rsplit(':', 1)[0]}@{base}",
+        "-t", local, str(wheels),
+    )  # fmt: skip
+
+
+def ensure_gateway_image() -> None:
+    """The gateway image from serve/Containerfile; writes its local digest (the canary tests run it with podman)."""
+    serve = REPO / "serve"
+    ensure_wheel_image(
+        GATEWAY_IMAGE, serve / "Containerfile", [serve], "llm-lab.gateway-inputs", "the gateway"
+    )
     image_digest = podman("image", "inspect", "--format", "{{.Digest}}", GATEWAY_IMAGE).stdout.strip()
     GATEWAY_DIGEST_FILE.write_text(image_digest + "\n")
     log(f"image {GATEWAY_IMAGE}@{image_digest} ({GATEWAY_DIGEST_FILE.relative_to(REPO)})")
+
+
+def ensure_vllm_sim_image() -> None:
+    """The vLLM simulator image (serve/tools/Containerfile.lab): the lab's stand-in for vLLM's image."""
+    serve = REPO / "serve"
+    ensure_wheel_image(
+        VLLM_SIM_IMAGE, serve / "tools" / "Containerfile.lab", [serve, serve / "tools"], "llm-lab.vllm-sim-inputs",
+        "STAND-IN for vLLM: 0.4.2's command line and start-up checks, then the simulator",
+    )  # fmt: skip
 
 
 def ensure_ssh_key() -> None:
@@ -403,7 +430,9 @@ def wait_for_registry(timeout_s: float = 60) -> None:
     deadline, last = time.monotonic() + timeout_s, ""
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(f"https://{MIRROR_IP}:{REGISTRY_PORT}/v2/", context=context, timeout=5):
+            with urllib.request.urlopen(
+                f"https://{MIRROR_IP}:{REGISTRY_PORT}/v2/", context=context, timeout=5
+            ):
                 return
         except (OSError, urllib.error.URLError) as err:
             last = str(err)
@@ -448,7 +477,7 @@ def ensure_images() -> None:
     """Every image the lab's cluster pulls, built and pushed to the lab registry (tests/lab/images.py)."""
     try:
         # the gateway, built from serve/Containerfile, goes to the lab registry standing in for the site's own
-        digests = images.ensure_all({GATEWAY_REGISTRY_REF: GATEWAY_IMAGE})
+        digests = images.ensure_all({GATEWAY_REGISTRY_REF: GATEWAY_IMAGE, vllm_image_ref(): VLLM_SIM_IMAGE})
     except images.ImageError as err:
         raise LabError(str(err)) from err
     log(f"{len(digests)} images in the lab registry (digests in .lab/images.json)")
@@ -594,6 +623,7 @@ def cmd_up(_: argparse.Namespace) -> None:
     write_ssh_config()
     ensure_image()
     ensure_gateway_image()
+    ensure_vllm_sim_image()
     ensure_network()
     ensure_mirror()
     for node in NODES:
@@ -636,7 +666,9 @@ def cmd_destroy(_: argparse.Namespace) -> None:
     built |= set(podman("images", "-a", "-q", "--filter", f"label={images.LABEL}").stdout.split())
     if built:
         podman("rmi", "-f", *sorted(built))
-        log(f"removed {len(built)} lab image(s) ({IMAGE}, {BASE_IMAGE}, the cluster's images, earlier builds)")
+        log(
+            f"removed {len(built)} lab image(s) ({IMAGE}, {BASE_IMAGE}, the cluster's images, earlier builds)"
+        )
     if STATE.exists():
         subprocess.run(["rm", "-rf", str(STATE)], check=True)
         log(f"removed {STATE.relative_to(REPO)}/")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import os
 import re
 import shutil
 import subprocess
@@ -45,9 +46,31 @@ def kubernetes_client_requirement() -> str:
     raise SystemExit(f"build_mirror: no kubernetes_api_client_version in {defaults}")
 
 
+def interpreter(python_version: str) -> str:
+    """The Python to run pip with for PYTHON_VERSION's wheels. pip evaluates a requirement's environment markers
+    (aiohttp's `async-timeout; python_version < "3.11"`) for the interpreter it runs in, whatever --python-version
+    says: a 3.10 node's dependencies come from a 3.10 pip (pyenv's, or LAB_PYTHON310's, as labctl.py finds it)."""
+    if sys.version_info[:2] == tuple(map(int, python_version.split("."))):
+        return sys.executable
+    candidates = (
+        [Path(os.environ["LAB_PYTHON310"]) / "bin" / "python3.10"] if os.environ.get("LAB_PYTHON310") else []
+    )
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    candidates += sorted(
+        (pyenv / "versions").glob(f"{python_version}.*/bin/python{python_version}"), reverse=True
+    )
+    for candidate in candidates:
+        if candidate.is_file():
+            return str(candidate)
+    print(
+        f"lab-mirror: WARNING: no Python {python_version} here: its wheels' markers are judged as this Python's"
+    )
+    return sys.executable
+
+
 def download(cache: Path, requirements: list[str] | None = None) -> list[Path]:
     requirements = requirements if requirements is not None else pinned_requirements()
-    key = "\n".join([*requirements, *PYTHON_VERSIONS])
+    key = "\n".join([*requirements, *PYTHON_VERSIONS, "markers of each version's own pip"])
     target = cache / hashlib.sha256(key.encode()).hexdigest()[:16]
     if not (target / ".complete").is_file():
         shutil.rmtree(target, ignore_errors=True)
@@ -56,7 +79,7 @@ def download(cache: Path, requirements: list[str] | None = None) -> list[Path]:
         platforms = [arg for tag in PLATFORMS for arg in ("--platform", tag)]
         for python_version in PYTHON_VERSIONS:
             subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+                [interpreter(python_version), "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
                  "--only-binary=:all:", "--implementation", "cp", "--python-version", python_version,
                  *platforms, "--dest", str(target), *requirements],
                 check=True,
