@@ -166,11 +166,6 @@ def run_module(
 
 # ------------------------------------------------------------------ the real Kubernetes control plane
 
-# The controllers a unit test needs from kube-controller-manager, and which: test_gpu_health_agent.py's
-# agent token is the role's Secret of type kubernetes.io/service-account-token, which the token controller
-# fills in. Nothing else runs: no namespace deletion, no garbage collection, no node lifecycle.
-KUBE_CONTROLLERS = ("serviceaccount-token-controller",)
-
 
 @pytest.fixture(scope="session")
 def kube_control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[real_kube.ControlPlane]:
@@ -182,6 +177,7 @@ def kube_control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[rea
 
 @pytest.fixture(scope="session")
 def kube_controllers(kube_control_plane: real_kube.ControlPlane) -> real_kube.ControlPlane:
-    """The control plane with kube-controller-manager running KUBE_CONTROLLERS."""
-    kube_control_plane.start_controllers(KUBE_CONTROLLERS)
+    """The control plane with kube-controller-manager running the controllers unit tests need
+    (real_kube.CONTROLLERS)."""
+    kube_control_plane.start_controllers()
     return kube_control_plane

@@ -34,6 +34,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -45,6 +46,13 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT / "tests") not in sys.path:  # pytest puts it there (pyproject.toml); a script run does not
+    sys.path.append(str(ROOT / "tests"))
+# What the unit tests need from kube-controller-manager (ControlPlane.start_controllers), and which:
+# test_gpu_health_agent.py's agent token is the role's Secret of type kubernetes.io/service-account-token,
+# which the token controller fills in. Nothing else runs: no namespace deletion, no garbage collection, no
+# node lifecycle.
+CONTROLLERS = ("serviceaccount-token-controller",)
 # kubeadm refuses a loopback advertise address (it takes the default route's address instead), and this
 # machine's may be anything: the cluster advertises a documentation address (RFC 5737) nothing routes to;
 # every process binds and is reached on 127.0.0.1
@@ -159,6 +167,7 @@ class ControlPlane:
 
     def __init__(self, directory: Path | None = None) -> None:
         self.dir = Path(directory or tempfile.mkdtemp(prefix="real-kube-"))
+        self.dir.mkdir(parents=True, exist_ok=True)
         self.pki = self.dir / "pki"
         self.port = free_port()
         self.etcd_ports = {name: free_port() for name in ("client", "peer", "metrics")}
@@ -290,7 +299,7 @@ class ControlPlane:
             raise
         return self
 
-    def start_controllers(self, controllers: Sequence[str]) -> None:
+    def start_controllers(self, controllers: Sequence[str] = CONTROLLERS) -> None:
         """kube-controller-manager with kubeadm's flags but only CONTROLLERS (--controllers)."""
         if "kube-controller-manager" in self.processes:
             raise KubeError("kube-controller-manager runs already")
