@@ -1,8 +1,8 @@
 """Every Kubernetes object the cluster roles apply, and the kubeadm configuration they render, offline.
 
 - The kubeadm configuration (roles/kubeadm_control_plane/templates/kubeadm-config.yaml.j2), rendered with
-  Ansible's templating and the roles' defaults, passes `kubeadm config validate` of the lab's kubeadm
-  stand-in (the strict v1beta4 decoder; kubeadm's kinds are not in kubernetes-validate) and holds IPVS mode,
+  Ansible's templating and the roles' defaults, passes `kubeadm config validate` of the real kubeadm of the
+  production pin (real_kube.py; kubeadm's kinds are not in kubernetes-validate) and holds IPVS mode,
   the pod subnet, the systemd cgroup driver and the audit policy flags and mounts.
 - The objects applied to the API (the RuntimeClass, Calico's and the device plugin's upstream manifests
   (tests/lab/upstream_manifests.py: ../shared/upstream/ or the pinned URLs) with exactly the roles' changes,
@@ -15,9 +15,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
 import subprocess
-import sys
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -25,6 +23,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+import real_kube
 import yaml
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
@@ -174,14 +173,7 @@ def kubeadm_config(tmp_path: Path, extra: dict[str, Any] | None = None) -> tuple
 
 
 def kubeadm_validate(path: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests" / "lab" / "kube")}
-    return subprocess.run(
-        [sys.executable, "-m", "kube_standin.kubeadm", "config", "validate", "--config", str(path)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
+    return real_kube.kubeadm("config", "validate", "--config", str(path))
 
 
 def test_kubeadm_config_passes_kubeadm_config_validate(tmp_path: Path) -> None:
