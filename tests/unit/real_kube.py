@@ -353,6 +353,23 @@ class ControlPlane:
     def client(self, token: str) -> Client:
         return Client(self.port, self.ca, token=token)
 
+    def kubectl(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        """The real kubectl of the production pin as the super-admin, its discovery cache in the cluster's
+        directory."""
+        return subprocess.run(
+            [
+                str(binary("kubectl")),
+                f"--kubeconfig={self.admin_kubeconfig}",
+                f"--cache-dir={self.dir / 'kubectl-cache'}",
+                *args,
+            ],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
     def _client_files(self, kubeconfig: Path, name: str) -> tuple[Path, Path]:
         """The client certificate and key of a kubeconfig, as files (Python's ssl reads files)."""
         user = yaml.safe_load(kubeconfig.read_text())["users"][0]["user"]

@@ -7,7 +7,8 @@
 - The objects applied to the API (the RuntimeClass, Calico's and the device plugin's upstream manifests
   (tests/lab/upstream_manifests.py: ../shared/upstream/ or the pinned URLs) with exactly the roles' changes,
   by the roles' own filter plugins) validate against the Kubernetes 1.36 OpenAPI schemas with
-  kubernetes-validate in strict mode.
+  kubernetes-validate in strict mode, and the real API server of the production pin accepts them with
+  strict field validation (a server-side dry run).
 """
 
 from __future__ import annotations
@@ -128,6 +129,29 @@ def test_strict_validation_catches_a_typo_the_roles_could_make() -> None:
     )
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(broken, K8S_VERSION, strict=True)
+
+
+def test_the_api_server_accepts_every_object_strictly(kube_control_plane: real_kube.ControlPlane) -> None:
+    """The real API server of the production pin (real_kube.py) takes every object the roles apply, with
+    strict field validation and its admission (a server-side dry run), and refuses the typo above by name."""
+    objects = [obj for _, obj in api_objects()]
+    listed = json.dumps({"apiVersion": "v1", "kind": "List", "items": objects})
+    applied = kube_control_plane.kubectl(
+        "apply", "--validate=strict", "--dry-run=server", "-f", "-", stdin=listed
+    )
+    assert applied.returncode == 0, applied.stderr
+    names = {line.split(" ", 1)[0].split("/", 1)[1] for line in applied.stdout.splitlines()}
+    assert names == {obj["metadata"]["name"] for obj in objects}, applied.stdout
+    daemonset = next(doc for doc in device_plugin_objects() if doc["kind"] == "DaemonSet")
+    broken = json.loads(json.dumps(daemonset))
+    broken["spec"]["template"]["spec"]["runtimeClass"] = broken["spec"]["template"]["spec"].pop(
+        "runtimeClassName"
+    )
+    refused = kube_control_plane.kubectl(
+        "apply", "--validate=strict", "--dry-run=server", "-f", "-", stdin=json.dumps(broken)
+    )
+    assert refused.returncode != 0
+    assert 'unknown field "spec.template.spec.runtimeClass"' in refused.stderr, refused.stderr
 
 
 def test_calico_pool_is_the_pod_subnet() -> None:
