@@ -2,14 +2,13 @@
 controllers, kube-controller-manager, run as local processes on 127.0.0.1.
 
 The binaries are the production pin's, built from their upstream Go modules by tests/lab/gobuild/build.py
-(cached in ~/.cache/llm-lab/go; on a machine that has none yet, the first test that needs one builds it, once
-for all xdist workers). Everything else comes from the real kubeadm too, from one kubeadm configuration whose
+(cached in ~/.cache/llm-lab/go; `make unit` builds them first; otherwise the first test that needs one builds
+it, once for all xdist workers). The rest comes from the real kubeadm, from one kubeadm configuration whose
 certificatesDir is the cluster's temporary directory:
 
 - the PKI and the service-account keys: `kubeadm init phase certs all`;
 - the kubeconfigs: `kubeadm init phase kubeconfig super-admin` (system:masters: a bare API server has no
-  kubeadm:cluster-admins binding for admin.conf's group) and `controller-manager`; more users with
-  `kubeadm kubeconfig user`;
+  kubeadm:cluster-admins binding for admin.conf's group) and `controller-manager`;
 - the command lines: the static Pod manifests `kubeadm init phase etcd local` and `init phase control-plane`
   write (--dry-run, into the temporary directory), run as they are but for the free ports and the loopback
   addresses set through the configuration's extraArgs. So the API server has kubeadm's
@@ -53,9 +52,9 @@ if str(ROOT / "tests") not in sys.path:  # pytest puts it there (pyproject.toml)
 # which the token controller fills in. Nothing else runs: no namespace deletion, no garbage collection, no
 # node lifecycle.
 CONTROLLERS = ("serviceaccount-token-controller",)
-# kubeadm refuses a loopback advertise address (it takes the default route's address instead), and this
-# machine's may be anything: the cluster advertises a documentation address (RFC 5737) nothing routes to;
-# every process binds and is reached on 127.0.0.1
+# kubeadm replaces a loopback advertise address with a host interface's (and fails where it finds none:
+# "unable to select an IP from lo network interface"), so the cluster advertises a documentation address
+# (RFC 5737) that nothing routes to; every process binds, and is reached, on 127.0.0.1
 ADVERTISE = "198.51.100.10"
 NODE_NAME = "unit-control-plane"
 
@@ -88,8 +87,10 @@ def binary(name: str) -> Path:
 
 
 def kubernetes_version() -> str:
-    defaults = yaml.safe_load((ROOT / "roles" / "kubernetes" / "defaults" / "main.yml").read_text())
-    return "v" + str(defaults["kubernetes_version"])
+    """The production pin (its home: roles/kubernetes' kubernetes_version, as build.py reads it), v1.X.Y."""
+    from lab.gobuild import build
+
+    return build.BY_NAME["kubernetes"].pin()
 
 
 def free_port() -> int:
@@ -98,8 +99,13 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+_prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the forked child only calls it
+
+
 def _die_with_parent() -> None:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    # PR_SET_PDEATHSIG: SIGKILL, as a SIGTERMed kube-apiserver whose etcd went too hangs in its graceful
+    # shutdown (retrying etcd) and never exits
+    _prctl(1, signal.SIGKILL)
 
 
 def kubeadm(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
