@@ -24,7 +24,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import ctypes
-import fcntl
 import http.client
 import json
 import os
@@ -65,16 +64,14 @@ class KubeError(RuntimeError):
 
 @cache
 def component_dir(name: str) -> Path:
-    """The directory of a component's binaries (build.py's `build`), built at most once at a time."""
+    """The directory of a component's binaries (build.py's `build`: xdist workers asking at once wait for
+    one build)."""
     from lab.gobuild import build
 
-    build.CACHE.mkdir(parents=True, exist_ok=True)
-    with open(build.CACHE / f".{name}.unit-tests.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # xdist workers: one builds, the others wait and reuse it
-        try:
-            return build.build(build.BY_NAME[name])
-        except (build.BuildError, OSError) as exc:
-            raise KubeError(f"tests/lab/gobuild/build.py {name}: {exc}") from exc
+    try:
+        return build.build(build.BY_NAME[name])
+    except (build.BuildError, OSError) as exc:
+        raise KubeError(f"tests/lab/gobuild/build.py {name}: {exc}") from exc
 
 
 def binary(name: str) -> Path:
