@@ -94,6 +94,9 @@ sanity: venv ## ansible-test's validate-modules on library/ (in a throw-away col
 	$(BIN)/python scripts/validate-modules.py
 
 unit: venv node-venv ## unit tests (modules against the fake NVML; the gateway package's own suite), the node-side ones under 3.10 too
+	# the real etcd, kube-apiserver, kube-controller-manager, kubeadm and kubectl some tests run on 127.0.0.1
+	# (tests/unit/real_kube.py), built from their Go modules at the production pin, or reused from the cache
+	$(BIN)/python tests/lab/gobuild/build.py kubernetes etcd
 	# one worker per core (pytest-xdist): each test makes its own files, servers and ports
 	pytest -n auto tests/unit
 	# The node-side tests again under the nodes' Python (3.10, $(NODE_VENV)). Selected by a rule, not a

@@ -34,6 +34,7 @@ if str(ROOT / "module_utils") not in ansible.module_utils.__path__:
 
 import fake_nvml_ctl  # noqa: E402
 import pynvml  # noqa: E402
+import real_kube  # noqa: E402
 
 SHAPES = ("a100-pcie-40gb-x4", "a100-sxm4-40gb-x8")
 DRIVER = fake_nvml_ctl.DEFAULT_DRIVER_VERSION
@@ -161,3 +162,22 @@ def run_module(
     result["warnings"] = list(ansible_warnings.get_warning_messages())
     assert pynvml._nvmlLib_refcount == 0, "module left NVML initialised"
     return failed, result
+
+
+# ------------------------------------------------------------------ the real Kubernetes control plane
+
+
+@pytest.fixture(scope="session")
+def kube_control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[real_kube.ControlPlane]:
+    """etcd and kube-apiserver of the production pin on 127.0.0.1 (real_kube.py), one per xdist worker,
+    stopped and removed at the end of the session."""
+    with real_kube.control_plane(tmp_path_factory.mktemp("real-kube")) as plane:
+        yield plane
+
+
+@pytest.fixture(scope="session")
+def kube_controllers(kube_control_plane: real_kube.ControlPlane) -> real_kube.ControlPlane:
+    """The control plane with kube-controller-manager running the controllers unit tests need
+    (real_kube.CONTROLLERS)."""
+    kube_control_plane.start_controllers()
+    return kube_control_plane

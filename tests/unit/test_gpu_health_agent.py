@@ -1,6 +1,7 @@
-"""The GPU health agent (module_utils/gpu_health_agent.py) against the lab's fake NVML and the lab's
-Kubernetes API stand-in (started here on 127.0.0.1 with its own PKI, as test_kube_standin_conformance.py
-does, with REAL RBAC enforcement).
+"""The GPU health agent (module_utils/gpu_health_agent.py) against the lab's fake NVML and the real Kubernetes
+control plane of the production pin (real_kube.py: etcd, kube-apiserver with kubeadm's flags and PKI, and
+kube-controller-manager's ServiceAccount token controller, on 127.0.0.1). The three GPU nodes are Node objects
+registered through the API as their kubelets would; no kubelet runs (the agent reads and patches Nodes only).
 
 Each agent runs as the role runs it: ``python3 -m ansible.module_utils.gpu_health_agent --config F`` with
 PYTHONPATH = a directory holding the module_utils files the role installs (its vars/main.yml list) and the
@@ -32,11 +33,11 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "lab" / "kube"))
 sys.path.insert(0, str(ROOT / "tests" / "lab" / "fake_nvml"))
 
 import fake_nvml_ctl  # noqa: E402
-from kube_standin.testing import ApiProcess, Client, FakeKubelet, free_port, make_pki  # noqa: E402
+import real_kube  # noqa: E402
+from real_kube import ControlPlane, free_port  # noqa: E402
 
 ROLE = ROOT / "roles" / "gpu_health_agent"
 GPU_LABEL = {"nvidia.com/gpu.present": "true"}
@@ -79,16 +80,14 @@ def api_path(obj: dict[str, Any], named: bool = False) -> str:
 
 
 class Cluster:
-    """API stand-in, three registered GPU nodes, the role's objects, the agent's token, and agents."""
+    """The control plane, three registered GPU nodes, the role's objects, the agent's token, and agents."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, api: ControlPlane, tmp: Path) -> None:
         self.tmp = tmp
-        self.pki = make_pki(tmp / "pki", {"admin": ("kubernetes-admin", ["system:masters"])})
-        self.api = ApiProcess(self.pki, tmp / "state.json")
-        self.api.start()
-        self.admin = Client(self.api, "admin")
-        self.kubelet = FakeKubelet(self.admin, NODES)
-        self.kubelet.start()
+        self.api = api
+        self.admin = api.admin
+        for name, node in NODES.items():
+            api.register_node(name, node["labels"], node["ip"], node["gpus"])
         for obj in rendered_manifests():
             self.admin.ok("POST", api_path(obj), obj)
         v = role_vars()
@@ -100,7 +99,7 @@ class Cluster:
         ).decode()
         self.token_file = tmp / "token"
         self.token_file.write_text(self.token)
-        self.agent_client = Client(self.api, None, self.token)
+        self.agent_client = api.client(self.token)
         self.lib = tmp / "lib"
         code = self.lib / "ansible" / "module_utils"
         code.mkdir(parents=True)
@@ -147,9 +146,10 @@ class Cluster:
         return agent
 
     def close(self) -> None:
+        """Agents stopped, the Nodes deleted; the role's objects stay with the session's control plane."""
         self.reset()
-        self.kubelet.stop()
-        self.api.stop()
+        for name in NODES:
+            self.admin.ok("DELETE", f"/api/v1/nodes/{name}")
 
 
 class Agent:
@@ -167,7 +167,7 @@ class Agent:
         config = {
             "node_name": name,
             "api_server": cluster.api.url,
-            "ca_file": str(cluster.pki.ca),
+            "ca_file": str(cluster.api.ca),
             "token_file": str(cluster.token_file),
             "lease_namespace": cluster.namespace,
             "lease_name": role_vars()["__gpu_health_agent_lease"],
@@ -238,15 +238,9 @@ def wait(what: Callable[[], Any], timeout: float = 30, step: float = 0.1) -> Any
         time.sleep(step)
 
 
-def make_cluster(tmp: Path) -> Cluster:
-    if shutil.which("openssl") is None:
-        pytest.skip("the openssl CLI is needed to make the test PKI")
-    return Cluster(tmp)
-
-
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    made = make_cluster(tmp_path_factory.mktemp("gha"))
+def cluster(kube_controllers: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    made = Cluster(kube_controllers, tmp_path_factory.mktemp("gha"))
     yield made
     made.close()
 
@@ -339,7 +333,7 @@ def test_two_faulty_nodes_exactly_one_cordoned_the_breaker_names_the_other(
 
 
 def test_agent_token_rbac_on_the_api(cluster: Cluster) -> None:
-    """The role's ServiceAccount, through the stand-in's real RBAC: exactly what the agent needs."""
+    """The role's ServiceAccount, through the API server's RBAC: exactly what the agent needs."""
     sa = cluster.agent_client
     ns = cluster.namespace
     assert sa.request("GET", "/api/v1/nodes/gpu-node-2")[0] == 200
@@ -451,8 +445,9 @@ def bench(runs: int) -> None:
     import tempfile
 
     poll = float(role_vars()["gpu_health_agent_poll_interval"])
-    with tempfile.TemporaryDirectory() as tmp:
-        cluster = Cluster(Path(tmp))
+    with tempfile.TemporaryDirectory() as tmp, real_kube.control_plane(Path(tmp) / "kube") as api:
+        api.start_controllers()
+        cluster = Cluster(api, Path(tmp))
         try:
             samples = []
             for _ in range(runs):
@@ -547,7 +542,7 @@ def test_breaker_lease_waits_for_a_live_holder_and_takes_an_expired_one(cluster:
     from ansible.module_utils.gpu_breaker import micro_time
     from ansible.module_utils.gpu_health_agent import BreakerLease, KubeApi, now_utc
 
-    api = KubeApi(cluster.api.url, str(cluster.pki.ca), str(cluster.token_file))
+    api = KubeApi(cluster.api.url, str(cluster.api.ca), str(cluster.token_file))
     lease_name = role_vars()["__gpu_health_agent_lease"]
     mine = BreakerLease(api, cluster.namespace, lease_name, "gpu-node-3", 15)
 

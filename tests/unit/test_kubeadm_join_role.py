@@ -5,12 +5,10 @@ node_ip as its node IP."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
+import real_kube
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,9 +68,11 @@ def join_configuration(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
 
     role = JOIN.parents[1]
     variables: dict[str, Any] = {}
-    for name in ("defaults", "vars"):
-        loaded = yaml.safe_load((role / name / "main.yml").read_text()) or {}
-        variables |= {k: trust_as_template(v) if isinstance(v, str) else v for k, v in loaded.items()}
+    # the role's dependency (meta/main.yml: kubernetes, the home of kubernetes_cri_socket), then the role
+    for folder in (role.parent / "kubernetes", role):
+        for name in ("defaults", "vars"):
+            loaded = yaml.safe_load((folder / name / "main.yml").read_text()) or {}
+            variables |= {k: trust_as_template(v) if isinstance(v, str) else v for k, v in loaded.items()}
     line = (
         "kubeadm join 10.89.42.11:6443 --token abcdef.0123456789abcdef"
         f" --discovery-token-ca-cert-hash sha256:{'a' * 64}"
@@ -95,12 +95,6 @@ def test_the_join_configuration_gives_the_kubelet_node_ip(tmp_path: Path) -> Non
     path, join = join_configuration(tmp_path)
     assert join["nodeRegistration"]["kubeletExtraArgs"] == [{"name": "node-ip", "value": "10.89.42.12"}]
     assert join["discovery"]["bootstrapToken"]["apiServerEndpoint"] == "10.89.42.11:6443"
-    # v1beta4's strict decoder (the lab kubeadm stand-in's) accepts it: kubeletExtraArgs is name/value pairs
-    result = subprocess.run(
-        [sys.executable, "-m", "kube_standin.kubeadm", "config", "validate", "--config", str(path)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "tests" / "lab" / "kube")},
-        timeout=60,
-    )
+    # the real kubeadm of the production pin accepts it: v1beta4's kubeletExtraArgs is name/value pairs
+    result = real_kube.kubeadm("config", "validate", "--config", str(path))
     assert result.returncode == 0, result.stderr

@@ -1,13 +1,14 @@
 """Every Kubernetes object the cluster roles apply, and the kubeadm configuration they render, offline.
 
 - The kubeadm configuration (roles/kubeadm_control_plane/templates/kubeadm-config.yaml.j2), rendered with
-  Ansible's templating and the roles' defaults, passes `kubeadm config validate` of the lab's kubeadm
-  stand-in (the strict v1beta4 decoder; kubeadm's kinds are not in kubernetes-validate) and holds IPVS mode,
+  Ansible's templating and the roles' defaults, passes `kubeadm config validate` of the real kubeadm of the
+  production pin (real_kube.py; kubeadm's kinds are not in kubernetes-validate) and holds IPVS mode,
   the pod subnet, the systemd cgroup driver and the audit policy flags and mounts.
 - The objects applied to the API (the RuntimeClass, Calico's and the device plugin's upstream manifests
   (tests/lab/upstream_manifests.py: ../shared/upstream/ or the pinned URLs) with exactly the roles' changes,
   by the roles' own filter plugins) validate against the Kubernetes 1.36 OpenAPI schemas with
-  kubernetes-validate in strict mode.
+  kubernetes-validate in strict mode, and the real API server of the production pin accepts them with
+  strict field validation (a server-side dry run).
 """
 
 from __future__ import annotations
@@ -15,9 +16,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
 import subprocess
-import sys
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -25,6 +24,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+import real_kube
 import yaml
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
@@ -131,6 +131,29 @@ def test_strict_validation_catches_a_typo_the_roles_could_make() -> None:
         kubernetes_validate.validate(broken, K8S_VERSION, strict=True)
 
 
+def test_the_api_server_accepts_every_object_strictly(kube_control_plane: real_kube.ControlPlane) -> None:
+    """The real API server of the production pin (real_kube.py) takes every object the roles apply, with
+    strict field validation and its admission (a server-side dry run), and refuses the typo above by name."""
+    objects = [obj for _, obj in api_objects()]
+    listed = json.dumps({"apiVersion": "v1", "kind": "List", "items": objects})
+    applied = kube_control_plane.kubectl(
+        "apply", "--validate=strict", "--dry-run=server", "-f", "-", stdin=listed
+    )
+    assert applied.returncode == 0, applied.stderr
+    names = {line.split(" ", 1)[0].split("/", 1)[1] for line in applied.stdout.splitlines()}
+    assert names == {obj["metadata"]["name"] for obj in objects}, applied.stdout
+    daemonset = next(doc for doc in device_plugin_objects() if doc["kind"] == "DaemonSet")
+    broken = json.loads(json.dumps(daemonset))
+    broken["spec"]["template"]["spec"]["runtimeClass"] = broken["spec"]["template"]["spec"].pop(
+        "runtimeClassName"
+    )
+    refused = kube_control_plane.kubectl(
+        "apply", "--validate=strict", "--dry-run=server", "-f", "-", stdin=json.dumps(broken)
+    )
+    assert refused.returncode != 0
+    assert 'unknown field "spec.template.spec.runtimeClass"' in refused.stderr, refused.stderr
+
+
 def test_calico_pool_is_the_pod_subnet() -> None:
     pod_subnet = role_vars("kubeadm_control_plane")["kubeadm_control_plane_pod_subnet"]
     daemonset = next(doc for doc in calico_objects() if doc["kind"] == "DaemonSet")
@@ -174,14 +197,7 @@ def kubeadm_config(tmp_path: Path, extra: dict[str, Any] | None = None) -> tuple
 
 
 def kubeadm_validate(path: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests" / "lab" / "kube")}
-    return subprocess.run(
-        [sys.executable, "-m", "kube_standin.kubeadm", "config", "validate", "--config", str(path)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
+    return real_kube.kubeadm("config", "validate", "--config", str(path))
 
 
 def test_kubeadm_config_passes_kubeadm_config_validate(tmp_path: Path) -> None:
