@@ -119,7 +119,7 @@ def images() -> list[Image]:
             lambda: {"/usr/local/bin/kube-proxy": built("kubernetes", "kube-proxy")},
             base=BASE_IMAGE,  # it runs nft / iptables-restore: upstream's image carries them too
             env=PATH_ENV,
-            what=f"the real kube-proxy (k8s.io/kubernetes {kubernetes_version()}) with Debian's nftables, iptables",
+            what=f"the real kube-proxy (k8s.io/kubernetes {kubernetes_version()}), nftables, iptables",
         ),
         Image(
             f"registry.k8s.io/etcd:{etcd_tag}",
@@ -140,11 +140,11 @@ def images() -> list[Image]:
             lambda: {"/pause": built("lab-programs", "pause")},
             entrypoint=("/pause",),
             user="65535:65535",
-            what="STAND-IN: the lab's Go pause (upstream's pause is C): holds the namespaces, reaps, exits on TERM",
+            what="STAND-IN: the lab's Go pause (upstream's is C): holds the namespaces, reaps, exits on TERM",
         ),
         Image(
-            f"nvcr.io/nvidia/k8s/dcgm-exporter:{gobuild.role_default('monitoring', 'monitoring_dcgm_exporter_version')}"
-            "-distroless",
+            "nvcr.io/nvidia/k8s/dcgm-exporter:"
+            f"{gobuild.role_default('monitoring', 'monitoring_dcgm_exporter_version')}-distroless",
             lambda: {
                 "/usr/local/lib/dcgm-exporter/dcgm_exporter.py": LAB_SRC / "nvidia" / "dcgm_exporter.py",
                 "/usr/local/lib/dcgm-exporter/pynvml.py": LAB_SRC / "fake_nvml" / "pynvml.py",
@@ -158,10 +158,11 @@ def images() -> list[Image]:
                 "NVIDIA_DISABLE_REQUIRE": "true",
             },
             entrypoint=("/usr/bin/dcgm-exporter",),
-            what="STAND-IN: dcgm-exporter's flags, counters CSV and metrics from the fake NVML (tests/lab/nvidia)",
+            what="STAND-IN: dcgm-exporter's flags, counters, metrics of the fake NVML (tests/lab/nvidia)",
         ),
         Image(
-            f"nvcr.io/nvidia/k8s-device-plugin:{gobuild.role_default('nvidia_device_plugin', 'nvidia_device_plugin_version')}",
+            "nvcr.io/nvidia/k8s-device-plugin:"
+            + gobuild.role_default("nvidia_device_plugin", "nvidia_device_plugin_version"),
             lambda: {"/usr/bin/nvidia-device-plugin": built("lab-programs", "nvidia-device-plugin")},
             env={"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility"},
             entrypoint=("/usr/bin/nvidia-device-plugin",),
@@ -173,7 +174,7 @@ def images() -> list[Image]:
 
 
 def monitoring_images() -> list[Image]:
-    """Prometheus and Alertmanager built from their modules at the monitoring role's tags; Grafana stood in."""
+    """Prometheus and Alertmanager built from their modules at the role's tags; Grafana stands in."""
 
     def ref(variable: str) -> str:
         return gobuild.role_default("monitoring", variable)
@@ -198,7 +199,7 @@ def monitoring_images() -> list[Image]:
             lambda: {"/usr/share/grafana/bin/grafana-standin": built("lab-programs", "grafana-standin")},
             user="472:472",
             entrypoint=("/usr/share/grafana/bin/grafana-standin",),
-            what="STAND-IN: checks the provisioned files and answers /api/health (Grafana cannot be built here)",
+            what="STAND-IN: checks the provisioned files, answers /api/health (Grafana cannot be built here)",
         ),
     ]
 
@@ -334,8 +335,8 @@ def registry_digest(image: Image) -> str | None:
 def ensure_pushed(
     image: Image, inputs: str, recorded: dict[str, dict[str, str]], local: str | None = None
 ) -> str:
-    """Push (the local image LOCAL, default the image's own name) unless the registry already serves what these
-    inputs built; returns the registry's digest."""
+    """Push (the local image LOCAL, default the image's own name) unless the registry already serves what
+    these inputs built; returns the registry's digest."""
     known = recorded.get(image.ref, {})
     served = registry_digest(image)
     if served and known.get("inputs") == inputs and known.get("digest") == served:

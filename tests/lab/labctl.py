@@ -194,8 +194,8 @@ GATEWAY_DIGEST_FILE = STATE / "llm-gateway-image.digest"
 
 def ensure_wheel_image(local: str, containerfile: Path, projects: list[Path], label: str, what: str) -> None:
     """An image built with podman from CONTAINERFILE on the lab's plain Debian 12 image (pinned by digest),
-    installing wheels of PROJECTS built here (no package index in the build); rebuilt when their sources or the
-    base change."""
+    installing wheels of PROJECTS built here (no package index in the build); rebuilt when their sources or
+    the base change."""
     base = podman("image", "inspect", "--format", "{{.Digest}}", BASE_IMAGE).stdout.strip()
     inputs = [containerfile]
     for project in projects:
@@ -225,7 +225,7 @@ def ensure_wheel_image(local: str, containerfile: Path, projects: list[Path], la
 
 
 def ensure_gateway_image() -> None:
-    """The gateway image from serve/Containerfile; writes its local digest (the canary tests run it with podman)."""
+    """The gateway image from serve/Containerfile; writes its local digest (the canary tests run it)."""
     serve = REPO / "serve"
     ensure_wheel_image(
         GATEWAY_IMAGE, serve / "Containerfile", [serve], "llm-lab.gateway-inputs", "the gateway"
@@ -239,7 +239,8 @@ def ensure_vllm_sim_image() -> None:
     """The vLLM simulator image (serve/tools/Containerfile.lab): the lab's stand-in for vLLM's image."""
     serve = REPO / "serve"
     ensure_wheel_image(
-        VLLM_SIM_IMAGE, serve / "tools" / "Containerfile.lab", [serve, serve / "tools"], "llm-lab.vllm-sim-inputs",
+        VLLM_SIM_IMAGE, serve / "tools" / "Containerfile.lab", [serve, serve / "tools"],
+        "llm-lab.vllm-sim-inputs",
         "STAND-IN for vLLM: 0.4.2's command line and start-up checks, then the simulator",
     )  # fmt: skip
 
@@ -396,7 +397,7 @@ def openssl(*args: str) -> None:
 
 
 def ensure_registry_pki() -> None:
-    """The lab registry's CA and server certificate (lab-mirror, 10.89.42.2), made once; the nodes trust the CA
+    """The lab registry's CA and server certificate (lab-mirror, 10.89.42.2), made once; nodes trust its CA
     through containerd's registry mirror configuration (inventories/lab: containerd_registry_mirrors)."""
     directory = REGISTRY_DIR
     directory.mkdir(parents=True, exist_ok=True)
@@ -406,8 +407,8 @@ def ensure_registry_pki() -> None:
         log("making the lab registry's CA and TLS certificate (.lab/registry)")
         openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(directory / "ca.key"),
                 "-out", str(ca), "-days", "3650", "-subj", "/CN=llm-lab registry CA")  # fmt: skip
-        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(directory / "server.csr"),
-                "-subj", f"/CN={MIRROR_NAME}")  # fmt: skip
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+                "-out", str(directory / "server.csr"), "-subj", f"/CN={MIRROR_NAME}")  # fmt: skip
         extensions = directory / "server.ext"
         extensions.write_text(
             f"subjectAltName=DNS:{MIRROR_NAME},IP:{MIRROR_IP}\nbasicConstraints=CA:FALSE\n"
@@ -438,7 +439,7 @@ def wait_for_registry(timeout_s: float = 60) -> None:
             last = str(err)
         time.sleep(1)
     raise LabError(
-        f"the lab registry https://{MIRROR_IP}:{REGISTRY_PORT}/v2/ did not answer within {timeout_s:.0f}s ({last});"
+        f"the lab registry https://{MIRROR_IP}:{REGISTRY_PORT}/v2/ no answer in {timeout_s:.0f}s ({last});"
         f" its log: .lab/registry/registry.log"
     )
 

@@ -538,7 +538,33 @@ def nvmlInitWithFlags(flags: int) -> None:
         _raise(NVML_ERROR_LIB_RM_VERSION_MISMATCH)
     with _lock:
         _nvmlLib_refcount += 1
+        _open_control_device()
     return None
+
+
+# The driver's control device, which the real library opens at its first init and holds until the last
+# shutdown: so a process using NVML shows up holding /dev/nvidiactl (gpu_facts' device_processes, and the
+# lab's nvidia module refuses to unload under it), as every NVML client does on a server. The lab's driver
+# stand-in makes the node's /dev/nvidiactl when it loads the module; where there is none (a unit test on the
+# controller, a node without the driver), nothing is held.
+CONTROL_DEVICE = os.environ.get("FAKE_NVML_CONTROL_DEVICE", "/dev/nvidiactl")
+_control_fd: int | None = None
+
+
+def _open_control_device() -> None:
+    global _control_fd
+    if _control_fd is None and os.path.exists(CONTROL_DEVICE):
+        try:
+            _control_fd = os.open(CONTROL_DEVICE, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            _control_fd = None
+
+
+def _close_control_device() -> None:
+    global _control_fd
+    if _control_fd is not None:
+        os.close(_control_fd)
+        _control_fd = None
 
 
 def nvmlInit() -> None:
@@ -552,6 +578,8 @@ def nvmlShutdown() -> None:
         if _nvmlLib_refcount <= 0:
             _raise(NVML_ERROR_UNINITIALIZED)
         _nvmlLib_refcount -= 1
+        if _nvmlLib_refcount == 0:
+            _close_control_device()
     return None
 
 

@@ -1,21 +1,21 @@
 #!/usr/bin/python3
 """lab-kube-fault: real Kubernetes faults on a lab node (scripts/lab-fault NODE kube ARGS..., docs/lab.md).
 
-Installed on every node by `make lab-up` (tests/lab/labctl.py) as /usr/local/sbin/lab-kube-fault. Each fault is
-what breaks on a server, done to the real components; nothing is simulated, so what the product sees comes from
-the real kubelet, API server and controllers:
+Installed on every node by `make lab-up` (tests/lab/labctl.py) as /usr/local/sbin/lab-kube-fault. Each fault
+is what breaks on a server, done to the real components; nothing is simulated, so what the product sees comes
+from the real kubelet, API server and controllers:
 
     not-ready                      the kubelet stopped (systemctl stop): the node controller marks the Node
                                    Ready=Unknown after its grace period (40 s in 1.36)
-    device-plugin-unregistered     the device plugin's socket removed from /var/lib/kubelet/device-plugins: the
-                                   kubelet deregisters it, nvidia.com/gpu allocatable drops to 0, the plugin's
-                                   pod stays Running (a new plugin pod registers again)
+    device-plugin-unregistered     the device plugin's socket removed from /var/lib/kubelet/device-plugins:
+                                   the kubelet deregisters it, nvidia.com/gpu allocatable drops to 0, the
+                                   plugin's pod stays Running (a new plugin pod registers again)
     crashloop --pod NAME [--namespace NS]
                                    the pod's containers are killed (SIGKILL) each time they start: the real
                                    kubelet restarts them with its back-off, CrashLoopBackOff
     static-pod-broken --component kube-scheduler
-                                   the static pod's manifest replaced with one whose image does not exist (kept
-                                   aside): the kubelet recreates the pod, which cannot pull its image
+                                   the static pod's manifest replaced with one whose image does not exist
+                                   (kept aside): the kubelet recreates the pod, which cannot pull its image
     clear [FAULT]                  undo one fault, or every fault
     show                           the faults in place
 
@@ -41,7 +41,8 @@ CRASHLOOP_UNIT = "lab-kube-fault-crashloop"
 def run(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(argv, capture_output=True, text=True, check=False)
     if check and result.returncode != 0:
-        raise SystemExit(f"lab-kube-fault: {' '.join(argv)}: {result.stderr.strip() or result.stdout.strip()}")
+        said = result.stderr.strip() or result.stdout.strip()
+        raise SystemExit(f"lab-kube-fault: {' '.join(argv)}: {said}")
     return result
 
 
@@ -69,7 +70,7 @@ def clear_not_ready() -> None:
 def device_plugin_unregistered(_: argparse.Namespace) -> str:
     sockets = [path for path in PLUGIN_DIR.glob("*.sock") if path.name != "kubelet.sock"]
     if not sockets:
-        raise SystemExit(f"lab-kube-fault: no device plugin socket in {PLUGIN_DIR}: no plugin registered here")
+        raise SystemExit(f"lab-kube-fault: no device plugin socket in {PLUGIN_DIR}: none registered here")
     for socket in sockets:
         socket.unlink()
     record("device-plugin-unregistered", " ".join(str(path) for path in sockets))
@@ -77,7 +78,7 @@ def device_plugin_unregistered(_: argparse.Namespace) -> str:
 
 
 def clear_device_plugin_unregistered() -> None:
-    # a socket cannot be put back: as on a server, a new plugin pod registers again (restart-device-plugin.yml)
+    # a socket cannot be put back: as on a server, a new plugin pod registers (restart-device-plugin.yml)
     pass
 
 
@@ -99,7 +100,7 @@ def crashloop(args: argparse.Namespace) -> str:
     run("systemctl", "reset-failed", CRASHLOOP_UNIT, check=False)
     run("systemd-run", "--unit", CRASHLOOP_UNIT, "--collect", "sh", "-c", loop)
     record("crashloop", f"{args.namespace}/{args.pod}")
-    return f"{args.namespace}/{args.pod}: its containers are killed whenever they run (CrashLoopBackOff follows)"
+    return f"{args.namespace}/{args.pod}: its containers are killed whenever they run (CrashLoopBackOff)"
 
 
 def clear_crashloop() -> None:

@@ -47,9 +47,9 @@ def kubernetes_client_requirement() -> str:
 
 
 def interpreter(python_version: str) -> str:
-    """The Python to run pip with for PYTHON_VERSION's wheels. pip evaluates a requirement's environment markers
-    (aiohttp's `async-timeout; python_version < "3.11"`) for the interpreter it runs in, whatever --python-version
-    says: a 3.10 node's dependencies come from a 3.10 pip (pyenv's, or LAB_PYTHON310's, as labctl.py finds it)."""
+    """The Python to run pip with for PYTHON_VERSION's wheels. pip evaluates a requirement's environment
+    markers (aiohttp's `async-timeout; python_version < "3.11"`) for the interpreter it runs in, whatever
+    --python-version says: a 3.10 node's dependencies come from a 3.10 pip (pyenv's, or LAB_PYTHON310's)."""
     if sys.version_info[:2] == tuple(map(int, python_version.split("."))):
         return sys.executable
     candidates = (
@@ -62,9 +62,7 @@ def interpreter(python_version: str) -> str:
     for candidate in candidates:
         if candidate.is_file():
             return str(candidate)
-    print(
-        f"lab-mirror: WARNING: no Python {python_version} here: its wheels' markers are judged as this Python's"
-    )
+    print(f"lab-mirror: WARNING: no Python {python_version}: its wheels' markers are judged as this Python's")
     return sys.executable
 
 
@@ -79,7 +77,8 @@ def download(cache: Path, requirements: list[str] | None = None) -> list[Path]:
         platforms = [arg for tag in PLATFORMS for arg in ("--platform", tag)]
         for python_version in PYTHON_VERSIONS:
             subprocess.run(
-                [interpreter(python_version), "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+                [interpreter(python_version), "-m", "pip", "download", "--quiet",
+                 "--disable-pip-version-check",
                  "--only-binary=:all:", "--implementation", "cp", "--python-version", python_version,
                  *platforms, "--dest", str(target), *requirements],
                 check=True,

@@ -177,5 +177,24 @@ func (n fakeNVML) initialize() (*nvmlState, error) {
 	if state.KernelModuleVersion != version {
 		return nil, errVersionMismatch
 	}
+	holdControlDevice()
 	return state, nil
+}
+
+// controlDevice is the driver's /dev/nvidiactl ($FAKE_NVML_CONTROL_DEVICE), which NVML opens at its first init
+// and holds for the process's life: so the plugin shows up holding it, as NVIDIA's does, and driver work must stop
+// it before the module can be unloaded. Absent (no driver, a unit test), nothing is held.
+var controlDevice *os.File
+
+func holdControlDevice() {
+	if controlDevice != nil {
+		return
+	}
+	path := os.Getenv("FAKE_NVML_CONTROL_DEVICE")
+	if path == "" {
+		path = "/dev/nvidiactl"
+	}
+	if device, err := os.Open(path); err == nil {
+		controlDevice = device
+	}
 }
