@@ -107,6 +107,8 @@ unit: venv node-venv ## unit tests (modules against the fake NVML; the gateway p
 	$(NODE_VENV)/bin/python -m pytest -n auto $$($(BIN)/python scripts/node-python.py tests)
 	# serve/ is its own package with its own conftest: a separate run
 	if [ -d serve/tests ]; then pytest serve/tests; fi
+	# the lab's own Go programs (device plugin, Calico's and Grafana's stand-ins, pause): their Go tests
+	(cd tests/lab/gobuild/lab-programs && GOFLAGS=-mod=readonly CGO_ENABLED=0 go test ./...)
 
 molecule: lab-up ## every molecule scenario (role tests on lab-image containers)
 	for scenario in $(MOLECULE_SCENARIOS); do
