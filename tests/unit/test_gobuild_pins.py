@@ -1,6 +1,6 @@
 """The lab builds its Kubernetes, containerd, ... from Go modules at exactly the versions production pins
-(tests/lab/gobuild/build.py): each go.mod requires the version its home says, so a pin changed in a role without
-`build.py --update` fails here, not later on the lab with the old binaries."""
+(tests/lab/gobuild/build.py): each go.mod requires the version its home says, so a pin changed in a role
+without `build.py --update` fails here, not later on the lab with the old binaries."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ gobuild = importlib.util.module_from_spec(_spec)
 sys.modules["gobuild_under_test"] = gobuild
 _spec.loader.exec_module(gobuild)
 
-# components whose pin is read from the repository alone (etcd's and CoreDNS's come from kubeadm's constants in
-# the Kubernetes module, runc's from containerd's: the lab's build checks those against the module cache)
+# components whose pin is read from the repository alone (etcd's and CoreDNS's come from kubeadm's constants
+# in the Kubernetes module, runc's from containerd's: the lab's build checks those against the module cache)
 LOCAL_PINS = [
     "kubernetes",
     "containerd",
