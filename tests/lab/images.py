@@ -95,7 +95,7 @@ def kubeadm_constant(name: str) -> str:
     return gobuild.kubeadm_constant(name)
 
 
-PATH_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
+PATH_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 
 
 def control_plane_image(name: str) -> Image:

@@ -3,7 +3,8 @@
     flock /tmp/lab.lock .venv/bin/pytest -m lab tests/lab/test_kubernetes_stage_on_lab.py -v
 
 Converges the stage (a no-op where it is converged), then proves on the lab's cluster: the rendered kubeadm
-config passes `kubeadm config validate` on the node and holds IPVS mode, the pod subnet, the systemd cgroup
+config passes `kubeadm config validate` on the node and holds the lab's kube-proxy mode (nftables: this kernel
+has no ip_vs), the pod subnet, the systemd cgroup
 driver and the audit policy; a second run changes nothing (`--check --diff`: site.yml's test); a worker reset
 with `kubeadm reset` joins again with `--limit workers` (the control plane up, the token made by the join
 role, never printed); every kubelet runs with `--node-ip` = its node_ip, which is its Node's InternalIP, and
@@ -82,7 +83,8 @@ def test_summary_line_per_node(first_run: Run) -> None:
     flat = " ".join(first_run.output.split())
     for node in NODES:
         assert re.search(
-            rf"{node}: Ready, 4/4 GPUs allocatable, kube-proxy ipvs, IPVS has kubernetes 10\.96\.0\.1:443",
+            rf"{node}: Ready, 4/4 GPUs allocatable, kube-proxy nftables, "
+            r"nft map ip kube-proxy service-ips has kubernetes 10\.96\.0\.1:443",
             flat,
         ), first_run.tail(4000)
 
@@ -93,7 +95,7 @@ def test_rendered_kubeadm_config_passes_validate_on_the_node() -> None:
     assert result.returncode == 0, result.stderr
     text = result.stdout
     for wanted in (
-        'mode: "ipvs"',
+        'mode: "nftables"',  # inventories/lab: the mode this kernel supports
         'podSubnet: "10.244.0.0/16"',
         "cgroupDriver: systemd",
         "name: audit-policy-file",
@@ -207,8 +209,8 @@ BAD_VALUES = [
     ),
     ("kubernetes_version=1.36", "kubernetes_version must be 1.MINOR.PATCH"),
     (
-        "kubeadm_control_plane_proxy_mode=nftables",
-        "kubeadm_control_plane_proxy_mode must be ipvs or iptables",
+        "kubeadm_control_plane_proxy_mode=userspace",
+        "kubeadm_control_plane_proxy_mode must be ipvs, nftables or iptables",
     ),
     ("containerd_version=1.7.24", "containerd_version"),
 ]
