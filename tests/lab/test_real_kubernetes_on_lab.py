@@ -942,7 +942,7 @@ def test_a_crash_looping_pod_goes_crash_loop_back_off_with_its_restarts_counted(
         backoff(count) + backoff(count + 1) + LOOP_MARGIN_S,
     )
     assert again["restartCount"] > count
-    assert again["lastState"]["terminated"]["exitCode"] != 0 or again["lastState"]["terminated"]["reason"]
+    assert "terminated" in again["lastState"], again  # killed by the fault, not waiting for anything
 
 
 def scheduler_pod() -> dict[str, Any] | None:
