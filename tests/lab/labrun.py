@@ -17,12 +17,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB_INVENTORY = "inventories/lab/hosts.yml"
@@ -60,6 +63,17 @@ def on_node(node: str, command: str, timeout: int = 300) -> subprocess.Completed
 
 def running_nodes() -> list[str]:
     return podman("ps", "--format", "{{.Names}}").stdout.split()
+
+
+# the lab's operator account (its one home: the lab inventory's common_ops_users)
+_LAB_ALL = yaml.safe_load((ROOT / "inventories/lab/group_vars/all.yml").read_text())
+OPERATOR = _LAB_ALL["common_ops_users"][0]["name"]
+
+
+def as_operator(command: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    """COMMAND as the lab's operator on the control plane, with the operator's own ~/.kube/config (the API
+    and its audit log see the person, not the shared kubernetes-admin)."""
+    return on_node(NODES[0], f"su - {OPERATOR} -c {shlex.quote(command)}", timeout=timeout)
 
 
 AGENT_CORDON = "gpu-health.llm-platform.io/cordon"

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
-from labrun import ADMIN_KUBECTL, NODES, ROOT, Run, env, on_node, playbook, running_nodes
+from labrun import ADMIN_KUBECTL, NODES, ROOT, Run, as_operator, env, on_node, playbook, running_nodes
 
 pytestmark = pytest.mark.lab
 
@@ -127,11 +126,6 @@ def test_every_kubelet_and_calico_node_take_node_ip() -> None:
         c for c in daemonset["spec"]["template"]["spec"]["containers"] if c["name"] == "calico-node"
     ]
     assert {"name": "IP_AUTODETECTION_METHOD", "value": "kubernetes-internal-ip"} in container["env"]
-
-
-def as_operator(command: str) -> subprocess.CompletedProcess[str]:
-    """COMMAND as the lab's operator account `ops` on the control plane, with its own ~/.kube/config."""
-    return on_node("gpu-node-1", f"su - ops -c {shlex.quote(command)}")
 
 
 def test_each_operator_has_a_kubeconfig_of_their_own() -> None:

@@ -7,8 +7,8 @@ e.g. when this file runs before test_serving_on_lab.py): the Deployments run the
 dcgm-exporter DaemonSet has a pod on every GPU node and nowhere else, built from the manifest whose sha256 the
 role pins, the receiver URL and Grafana's password are in Secrets and in no ConfigMap, Prometheus has its
 discovery RBAC and the namespace its network policies, Prometheus's configuration the GPU health agent's job
-and its policy a path to every node's InternalIP on the agent's port. The lab's kubelet runs no containers, so
-nothing here says Prometheus scrapes; tests/unit/test_monitoring_prometheus.py runs a real one.
+and its policy a path to every node's InternalIP on the agent's port. That Prometheus scrapes every target it
+discovers, through those policies, is test_real_kubernetes_on_lab.py's (the pods run under the real kubelet).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """On-call on the lab (issue 11): the GPU health agent that site.yml installs on every node, the remediation
-playbooks ecc-cordon.yml and uncordon.yml, and the agent's RBAC, against the lab's Kubernetes API stand-in
-(which enforces RBAC) and the lab's fake NVML faults (scripts/lab-fault).
+playbooks ecc-cordon.yml and uncordon.yml, and the agent's RBAC, against the lab's real kube-apiserver
+(its RBAC authorizer answers the agent's token) and the lab's fake NVML faults (scripts/lab-fault).
 
     flock /tmp/lab.lock .venv/bin/pytest -m lab tests/lab/test_oncall_on_lab.py -v
 

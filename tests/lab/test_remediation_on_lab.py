@@ -7,14 +7,15 @@ planned) by its playbook, and restored afterwards whatever happens.
   on the healthy cluster changes nothing.
 - driver-mismatch.yml on gpu-node-2 (`lab-fault NODE kernel-version ...` with the driver's modules loaded as
   at boot), with the cluster's own GPU clients running as after site.yml: the GPU health agent (systemd) and
-  the device plugin's and dcgm-exporter's pods, whose processes the lab kubelet runs holding /dev/nvidiactl
-  (kube_standin/gpuclients.py), so `modprobe -r nvidia` is refused under them as on a real node. With no
-  other GPU process the plan is a module reload naming what stops meanwhile, and a real run does it: the
-  agent stopped, the node out of the GPU node label (the DaemonSets' pods leave), the nvidia_driver role
-  unloads the four modules and loads the installed driver's (the lab's modprobe and the nvidia-dkms
-  stand-in, docs/lab.md "Kernel modules"), then the label is back, the agent runs again (a new process),
-  new plugin and dcgm-exporter pods run Ready with their processes, the node offers its GPUs, no record is
-  left; NVML works with the installed version and a second run changes nothing. With a process holding
+  the device plugin's and dcgm-exporter's pods, whose processes (the lab's device plugin and dcgm-exporter
+  stand-in, through the fake NVML library) hold /dev/nvidiactl as the real ones do, so `modprobe -r nvidia`
+  is refused under them as on a real node. With no other GPU process the plan is a module reload naming
+  what stops meanwhile, and a real run does it: the agent stopped, the node out of the GPU node label (the
+  DaemonSets' pods leave), the nvidia_driver role unloads the four modules and loads the installed driver's
+  (the lab's modprobe and the nvidia-dkms stand-in, docs/lab.md "Kernel modules"), then the label is back,
+  the agent runs again (a new process), new plugin and dcgm-exporter pods run Ready with their processes,
+  the node offers its GPUs, no record is left; NVML works with the installed version and a second run
+  changes nothing. With a process holding
   /dev/nvidia0 (`lab-fault NODE process --add --hold`) the plan is a rolling reboot naming it (pid, GPU
   device), and a real run goes the nvidia_driver role's reboot path, which on the lab (nvidia_driver_reboot:
   false) leaves /var/run/reboot-required instead of rebooting the container; the GPU clients are left
@@ -23,7 +24,7 @@ planned) by its playbook, and restored afterwards whatever happens.
   (recorded as not reachable with the error: the lab's pods run nothing); a serving pod whose command line
   carries the lab's JWT secret and a join token shows both in `kubectl logs`, and the tarball has neither.
 
-Needs a converged lab (make lab) whose kube stand-ins match this checkout.
+Needs a converged lab (make lab) whose lab-kube-fault is this checkout's (make lab-up copies it to the nodes).
 """
 
 from __future__ import annotations
@@ -88,8 +89,11 @@ def lab_fault(node: str, *args: str) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+KUBE_FAULT = "/usr/local/sbin/lab-kube-fault"  # tests/lab/kube/lab_kube_fault.py, as labctl.py installs it
+
+
 def kube_fault(node: str, *args: str) -> None:
-    proc = podman("exec", node, "kube-standin-fault", *args)
+    proc = podman("exec", node, KUBE_FAULT, *args)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -104,20 +108,16 @@ def converged_lab() -> None:
         pytest.skip("the lab is not running (make lab)")
     if on_node(CONTROL_PLANE, "test -e /etc/kubernetes/admin.conf").returncode != 0:
         pytest.fail("the lab has no cluster: converge it first (make lab)")
-    source = ROOT / "tests/lab/kube/kube_standin"
-    want = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in source.glob("*.py")}
-    stale = []
-    for node in ("gpu-node-1", "gpu-node-2", "gpu-node-3"):
-        for tool in ("kubeadm", "kubelet"):
-            listing = on_node(node, f"cd /usr/lib/kube-standin/{tool}/kube_standin && sha256sum *.py").stdout
-            have = {name: digest for digest, name in (line.split() for line in listing.splitlines())}
-            if have != want:
-                stale.append(f"{node}:{tool}")
+    # the Kubernetes faults this file injects are the checkout's (make lab-up copies them to every node)
+    want = hashlib.sha256((ROOT / "tests/lab/kube/lab_kube_fault.py").read_bytes()).hexdigest()
+    stale = [
+        node
+        for node in ("gpu-node-1", "gpu-node-2", "gpu-node-3")
+        if on_node(node, f"sha256sum {KUBE_FAULT}").stdout.split()[:1] != [want]
+    ]
     if stale:
         pytest.fail(
-            f"kube stand-ins older than this checkout on {', '.join(stale)}: make lab-up (mirror), then on "
-            "each node apt-get update && apt-get install --reinstall kubeadm kubelet, restart kubelet (and "
-            "kube-apiserver-standin on gpu-node-1)"
+            f"{KUBE_FAULT} on {', '.join(stale)} is not this checkout's lab_kube_fault.py: make lab-up"
         )
 
 
@@ -125,6 +125,11 @@ def converged_lab() -> None:
 def plugin_pods(node: str) -> list[dict[str, Any]]:
     pods = kube_json("get", "pods", "-A", "--field-selector", f"spec.nodeName={node}")["items"]
     return [p for p in pods if any("k8s-device-plugin" in c["image"] for c in p["spec"]["containers"])]
+
+
+# a new device plugin pod: started (its image is on the node), registered, and its GPUs in the Node's status
+# (the kubelet posts it every 10 s)
+PLUGIN_POD_START_S = 60
 
 
 @pytest.fixture
@@ -135,8 +140,15 @@ def plugin_fault() -> Iterator[str]:
         yield PLUGIN_NODE
     finally:
         kube_fault(PLUGIN_NODE, "clear", "device-plugin-unregistered")
+        # a lost registration comes back only with a new plugin pod (the test's playbook run makes one; a
+        # failed test leaves that to here, as on-call would)
+        if allocatable(PLUGIN_NODE) != str(GPUS):
+            for pod in plugin_pods(PLUGIN_NODE):
+                kubectl("-n", pod["metadata"]["namespace"], "delete", "pod", pod["metadata"]["name"])
         wait_for(
-            f"{PLUGIN_NODE} offering {GPUS} GPUs again", lambda: allocatable(PLUGIN_NODE) == str(GPUS), 40
+            f"{PLUGIN_NODE} offering {GPUS} GPUs again",
+            lambda: allocatable(PLUGIN_NODE) == str(GPUS),
+            PLUGIN_POD_START_S,
         )
 
 
@@ -182,7 +194,7 @@ CLIENTS_RECORD = yaml.safe_load((ROOT / "roles/nvidia_driver/vars/main.yml").rea
     "__nvidia_driver_gpu_clients_record"
 ]
 GPU_DAEMONSETS = {"kube-system/nvidia-device-plugin-daemonset", "monitoring/dcgm-exporter"}
-# the processes the lab kubelet runs for them, named like the real binaries (/proc/PID/comm)
+# their pods' processes, named like the real binaries (/proc/PID/comm)
 GPU_CLIENT_COMMS = {"nvidia-device-p", "dcgm-exporter"}
 
 

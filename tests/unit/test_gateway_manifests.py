@@ -19,6 +19,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+from manifests_render import gateway_objects, playbook
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S_VERSION = "1.36.0"
@@ -36,30 +37,6 @@ EXTRA_EGRESS = [
 ]
 
 
-def playbook(tmp_path: Path, variables: dict[str, Any], tasks: list[dict[str, Any]], *args: str) -> Any:
-    play = [{"hosts": "localhost", "gather_facts": False, "vars": variables, "tasks": tasks}]
-    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
-    return subprocess.run(
-        [
-            str(ROOT / ".venv" / "bin" / "ansible-playbook"),
-            "-i",
-            "localhost,",
-            "-c",
-            "local",
-            "-e",
-            f"ansible_python_interpreter={ROOT / '.venv' / 'bin' / 'python'}",
-            *args,
-            str(tmp_path / "play.yml"),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=ROOT,
-        env={"ANSIBLE_ROLES_PATH": str(ROOT / "roles"), "PATH": "/usr/bin:/bin", "ANSIBLE_NOCOLOR": "1"},
-        timeout=180,
-    )
-
-
 def good_vars(**overrides: Any) -> dict[str, Any]:
     return {
         "llm_gateway_image_digest": DIGEST,
@@ -71,34 +48,7 @@ def good_vars(**overrides: Any) -> dict[str, Any]:
 
 
 def render(tmp_path: Path, rollout_state: str) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
-    out = tmp_path / "out.json"
-    tasks = [
-        {"ansible.builtin.include_role": {"name": "llm_gateway", "tasks_from": "validate", "public": True}},
-        {
-            "ansible.builtin.include_role": {
-                "name": "serving_network_policy",
-                "tasks_from": "validate",
-                "public": True,
-            }
-        },
-        {"ansible.builtin.include_role": {"name": "llm_gateway", "tasks_from": "render", "public": True}},
-        {
-            "name": "Write what was rendered",
-            "ansible.builtin.copy": {
-                "dest": str(out),
-                "mode": "0600",
-                "content": "{{ {'config': _llm_gateway_config_text, 'objects': _llm_gateway_objects,"
-                " 'secret': lookup('ansible.builtin.template',"
-                f" '{ROOT}/roles/llm_gateway/templates/secret.yml.j2') | from_yaml,"
-                " 'policies': lookup('ansible.builtin.template',"
-                f" '{ROOT}/roles/serving_network_policy/templates/policies.yml.j2') | from_yaml_all | list"
-                " } | to_json }}",
-            },
-        },
-    ]
-    result = playbook(tmp_path, good_vars(_llm_gateway_rollout_state=rollout_state), tasks, "-v")
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    return json.loads(out.read_text()), result
+    return gateway_objects(tmp_path, good_vars(_llm_gateway_rollout_state=rollout_state))
 
 
 @pytest.fixture(scope="module")

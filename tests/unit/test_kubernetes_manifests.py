@@ -13,99 +13,27 @@
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import json
 import subprocess
-from functools import cache
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import kubernetes_validate
 import pytest
 import real_kube
 import yaml
-from ansible.parsing.dataloader import DataLoader
-from ansible.template import Templar, trust_as_template
-from lab.upstream_manifests import manifest
+from manifests_render import (
+    NODE,
+    api_objects,
+    calico_objects,
+    device_plugin_objects,
+    filter_module,
+    render,
+    role_vars,
+    runtime_class,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
-ROLES = ROOT / "roles"
 K8S_VERSION = "1.36.0"  # kubernetes-validate's schemas of the minor in roles/kubernetes (1.36.x)
-NODE = {"inventory_hostname": "gpu-node-1", "node_ip": "10.89.42.11"}
-
-
-def role_vars(role: str) -> dict[str, Any]:
-    values: dict[str, Any] = {}
-    for name in ("defaults", "vars"):
-        path = ROLES / role / name / "main.yml"
-        if path.is_file():
-            loaded = yaml.safe_load(path.read_text()) or {}
-            values |= {k: trust_as_template(v) if isinstance(v, str) else v for k, v in loaded.items()}
-    return values
-
-
-def templar(extra: dict[str, Any] | None = None) -> Templar:
-    variables = {**role_vars("kubernetes"), **role_vars("kubernetes_api_client")}
-    for role in ("kubeadm_control_plane", "calico", "nvidia_device_plugin"):
-        variables |= role_vars(role)
-    variables |= {**NODE, "ansible_managed": "Ansible managed", **(extra or {})}
-    return Templar(loader=DataLoader(), variables=variables)
-
-
-def render(role: str, template: str, extra: dict[str, Any] | None = None) -> str:
-    return str(
-        templar(extra).template(trust_as_template((ROLES / role / "templates" / template).read_text()))
-    )
-
-
-def filter_module(role: str, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        f"{role}_{name}", ROLES / role / "filter_plugins" / f"{name}.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def upstream(role: str, path: str) -> list[Any]:
-    """The upstream manifest the role pins, after checking the bytes against the role's sha256."""
-    defaults = role_vars(role)
-    data = manifest(path).read_bytes()
-    assert hashlib.sha256(data).hexdigest() == defaults[f"{role}_manifest_sha256"], path
-    return list(yaml.safe_load_all(data))
-
-
-@cache
-def calico_objects() -> list[dict[str, Any]]:
-    version = role_vars("calico")["calico_version"]
-    pool = role_vars("kubeadm_control_plane")["kubeadm_control_plane_pod_subnet"]
-    docs = upstream("calico", f"calico/{version}/calico.yaml")
-    return filter_module("calico", "calico_manifest").calico_manifest(docs, pool)
-
-
-@cache
-def device_plugin_objects() -> list[dict[str, Any]]:
-    defaults = role_vars("nvidia_device_plugin")
-    version = defaults["nvidia_device_plugin_version"]
-    docs = upstream("nvidia_device_plugin", f"k8s-device-plugin/{version}/nvidia-device-plugin.yml")
-    module = filter_module("nvidia_device_plugin", "device_plugin_manifest")
-    return module.nvidia_device_plugin_manifest(
-        docs, defaults["nvidia_device_plugin_runtime_class"], defaults["nvidia_device_plugin_node_label"]
-    )
-
-
-def runtime_class() -> dict[str, Any]:
-    return yaml.safe_load(render("nvidia_device_plugin", "runtimeclass.yaml.j2"))
-
-
-def api_objects() -> list[tuple[str, dict[str, Any]]]:
-    objects = [("nvidia_device_plugin/runtimeclass", runtime_class())]
-    objects += [("calico/calico.yaml", doc) for doc in calico_objects()]
-    objects += [("nvidia_device_plugin/manifest", doc) for doc in device_plugin_objects()]
-    return objects
 
 
 @pytest.mark.parametrize(

@@ -6,16 +6,16 @@ by digest. Bad input is refused by the role's validation before anything changes
 
 from __future__ import annotations
 
-import json
 import math
 import subprocess
 from pathlib import Path
 from typing import Any
 
-import jinja2
 import kubernetes_validate
 import pytest
 import yaml
+from manifests_render import vllm_serving_object
+from manifests_render import vllm_serving_vars as role_vars
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles" / "vllm_serving"
@@ -30,27 +30,8 @@ MODEL = {
 }
 
 
-def role_vars(**overrides: Any) -> dict[str, Any]:
-    defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
-    # the RuntimeClass and GPU node label have one home, the device plugin role (validate.yml loads it)
-    device_plugin = yaml.safe_load((ROOT / "roles/nvidia_device_plugin/defaults/main.yml").read_text())
-    return {
-        **device_plugin,
-        **defaults,
-        **yaml.safe_load((ROLE / "vars" / "main.yml").read_text()),
-        **overrides,
-    }
-
-
 def render(template: str, model: dict[str, Any], **overrides: Any) -> dict[str, Any]:
-    """Render a template as Ansible does (its filters used here: to_json, combine, round, int)."""
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
-    env.filters["to_json"] = json.dumps
-    env.filters["combine"] = lambda a, b: {**a, **b}
-    text = env.from_string((ROLE / "templates" / template).read_text())
-    return yaml.safe_load(
-        text.render(**role_vars(vllm_serving_image_digest=DIGEST, **overrides), model=model)
-    )
+    return vllm_serving_object(template, model, vllm_serving_image_digest=DIGEST, **overrides)
 
 
 @pytest.fixture

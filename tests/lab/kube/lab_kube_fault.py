@@ -6,7 +6,7 @@ is what breaks on a server, done to the real components; nothing is simulated, s
 from the real kubelet, API server and controllers:
 
     not-ready                      the kubelet stopped (systemctl stop): the node controller marks the Node
-                                   Ready=Unknown after its grace period (40 s in 1.36)
+                                   Ready=Unknown after its grace period (50 s by default in 1.36)
     device-plugin-unregistered     the device plugin's socket removed from /var/lib/kubelet/device-plugins:
                                    the kubelet deregisters it, nvidia.com/gpu allocatable drops to 0, the
                                    plugin's pod stays Running (a new plugin pod registers again)
