@@ -7,9 +7,10 @@ from the real kubelet, API server and controllers:
 
     not-ready                      the kubelet stopped (systemctl stop): the node controller marks the Node
                                    Ready=Unknown after its grace period (50 s by default in 1.36)
-    device-plugin-unregistered     the device plugin's socket removed from /var/lib/kubelet/device-plugins:
-                                   the kubelet deregisters it, nvidia.com/gpu allocatable drops to 0, the
-                                   plugin's pod stays Running (a new plugin pod registers again)
+    device-plugin-unregistered     the device plugin hangs (SIGSTOP) and the kubelet restarts: the kubelet's
+                                   device manager starts empty, the plugin never registers again, the
+                                   Node's nvidia.com/gpu drops to 0 while the plugin's pod stays Running (a
+                                   new plugin pod registers again)
     crashloop --pod NAME [--namespace NS]
                                    the pod's containers are killed (SIGKILL) each time they start: the real
                                    kubelet restarts them with its back-off, CrashLoopBackOff
@@ -33,7 +34,6 @@ import sys
 from pathlib import Path
 
 STATE = Path("/run/lab-kube-fault")
-PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 MANIFESTS = Path("/etc/kubernetes/manifests")
 CRASHLOOP_UNIT = "lab-kube-fault-crashloop"
 
@@ -67,19 +67,34 @@ def clear_not_ready() -> None:
     run("systemctl", "start", "kubelet")
 
 
+def plugin_pids() -> list[str]:
+    """Host pids of the node's NVIDIA device plugin containers (their main process)."""
+    containers = run("crictl", "ps", "-q", "--name", "nvidia-device-plugin").stdout.split()
+    pids = []
+    for container in containers:
+        info = json.loads(run("crictl", "inspect", container).stdout)
+        pids.append(str(info["info"]["pid"]))
+    return pids
+
+
 def device_plugin_unregistered(_: argparse.Namespace) -> str:
-    sockets = [path for path in PLUGIN_DIR.glob("*.sock") if path.name != "kubelet.sock"]
-    if not sockets:
-        raise SystemExit(f"lab-kube-fault: no device plugin socket in {PLUGIN_DIR}: none registered here")
-    for socket in sockets:
-        socket.unlink()
-    record("device-plugin-unregistered", " ".join(str(path) for path in sockets))
-    return f"removed {', '.join(path.name for path in sockets)}: the kubelet deregisters the plugin"
+    # The failure a node meets when its kubelet restarts while the device plugin hangs: the kubelet's device
+    # manager starts empty and waits for plugins to register again, the hung plugin never does. Done for real:
+    # the plugin's process frozen (SIGSTOP; its pod stays Running), then the kubelet restarted.
+    pids = plugin_pids()
+    if not pids:
+        raise SystemExit("lab-kube-fault: no NVIDIA device plugin container runs on this node")
+    run("kill", "-STOP", *pids)
+    run("systemctl", "restart", "kubelet")
+    record("device-plugin-unregistered", " ".join(pids))
+    return f"device plugin (pid {', '.join(pids)}) frozen and the kubelet restarted: it never registers again"
 
 
 def clear_device_plugin_unregistered() -> None:
-    # a socket cannot be put back: as on a server, a new plugin pod registers (restart-device-plugin.yml)
-    pass
+    # the frozen plugin resumes; as on a server, only a new plugin pod registers for sure
+    # (playbooks/remediate/restart-device-plugin.yml)
+    for pid in recorded().get("device-plugin-unregistered", "").split():
+        run("kill", "-CONT", pid, check=False)
 
 
 def pod_sandboxes(pod: str, namespace: str) -> list[str]:
