@@ -20,9 +20,13 @@ planned) by its playbook, and restored afterwards whatever happens.
   device), and a real run goes the nvidia_driver role's reboot path, which on the lab (nvidia_driver_reboot:
   false) leaves /var/run/reboot-required instead of rebooting the container; the GPU clients are left
   running.
-- collect-diagnostics.yml: one tarball with every item per node, the serving pods' logs and the endpoints
-  (recorded as not reachable with the error: the lab's pods run nothing); a serving pod whose command line
-  carries the lab's JWT secret and a join token shows both in `kubectl logs`, and the tarball has neither.
+- collect-diagnostics.yml: one tarball with every item per node, the serving pods' logs and their endpoints,
+  asked from the control plane: the answers of the pods that run there (vLLM's /metrics and /health, the
+  gateway's /debug/dump_state and /metrics), the NetworkPolicy's refusal, with the error, for the pods on the
+  other nodes (a pod's own node is the only host the serving namespace's policies admit). A serving pod on
+  the control plane (the gateway's image running a few lines of Python) logs its command line and answers
+  /debug/dump_state with its arguments, the lab's JWT secret and a join token among them: `kubectl logs`
+  shows both, and the tarball has neither, its log and its dump_state collected with both redacted.
 
 Needs a converged lab (make lab) whose lab-kube-fault is this checkout's (make lab-up copies it to the nodes).
 """
@@ -361,47 +365,78 @@ def test_driver_mismatch_rolling_reboot_when_busy(mismatch: str) -> None:
 
 
 # --------------------------------------------------------------------------------------- diagnostics
+# A pod scheduled, its image pulled from the lab's registry, started, its readiness probe passing
+POD_START_S = 120
+# The leaky pod's program: prints its command line (secrets included, as a server started with --api-key
+# would log it), and answers like the gateway: /health on its http port, /debug/dump_state (its arguments,
+# secrets included, as a state dump of its configuration would) and /metrics on its metrics port.
+LEAKY_SERVER = (
+    "import http.server, json, sys, threading\n"
+    "print('command line: ' + ' '.join(sys.argv[1:]), flush=True)\n"
+    "ANSWERS = {'/health': 'ok', '/debug/dump_state': json.dumps({'argv': sys.argv[1:]}),\n"
+    "           '/metrics': 'leaky_requests_total 0'}\n"
+    "class Answer(http.server.BaseHTTPRequestHandler):\n"
+    "    def do_GET(self):\n"
+    "        body = ANSWERS.get(self.path)\n"
+    "        self.send_response(200 if body else 404)\n"
+    "        self.end_headers()\n"
+    "        self.wfile.write((body or '').encode())\n"
+    "    def log_message(self, *args):\n"
+    "        pass\n"
+    "http_port, metrics_port = (http.server.ThreadingHTTPServer(('', p), Answer) for p in (8000, 9000))\n"
+    "threading.Thread(target=http_port.serve_forever, daemon=True).start()\n"
+    "metrics_port.serve_forever()\n"
+)
+
+
 @pytest.fixture
 def leaky_pod() -> Iterator[tuple[str, str]]:
-    """A pod in the serving namespace that logs its command line, secrets included (as a server started
-    with --api-key would); removed afterwards, with the namespace if the test made it."""
+    """A pod in the serving namespace that logs its command line and dumps its arguments, secrets included;
+    on the control plane, the node collect-diagnostics asks the endpoints from (a pod's own node is always
+    admitted by the NetworkPolicies: the serving namespace's default deny admits nothing else to it). It runs
+    the gateway's image (python3; the lab's registry serves it), as the gateway runs it. Deleted afterwards.
+    """
     token = "k3tq9z." + hashlib.sha256(str(time.time()).encode()).hexdigest()[:16]
-    made_namespace = on_node(CONTROL_PLANE, "kubectl --kubeconfig /etc/kubernetes/admin.conf get ns serving")
-    made = made_namespace.returncode != 0
-    if made:
-        kubectl("create", "namespace", "serving")
+    gateway = kube_json("get", "deployment", "-n", "serving", "llm-gateway")["spec"]["template"]["spec"]
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": "diag-leaky", "namespace": "serving"},
         "spec": {
+            "nodeName": CONTROL_PLANE,
+            "securityContext": gateway["securityContext"],
+            "automountServiceAccountToken": False,
+            "terminationGracePeriodSeconds": 0,
             "containers": [
                 {
                     "name": "server",
-                    "image": "busybox:1.36",
+                    "image": gateway["containers"][0]["image"],
+                    "command": ["python3", "-c", LEAKY_SERVER],
                     "args": ["serve", "--jwt-secret", JWT_SECRET, "--join", token],
+                    "securityContext": gateway["containers"][0]["securityContext"],
                     # shaped like the gateway: its internal app (dump_state, metrics) on a port of its own
                     "ports": [
                         {"name": "http", "containerPort": 8000},
                         {"name": "metrics", "containerPort": 9000},
                     ],
+                    "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 2},
                 }
-            ]
+            ],
         },
     }
     sh(
         CONTROL_PLANE,
-        f"echo '{json.dumps(pod)}' | kubectl --kubeconfig /etc/kubernetes/admin.conf create -f -",
+        f"echo {shlex.quote(json.dumps(pod))} | kubectl --kubeconfig /etc/kubernetes/admin.conf create -f -",
     )
     try:
-        kubectl("wait", "--for=condition=Ready", "-n", "serving", "pod/diag-leaky", "--timeout=40s")
+        kubectl(
+            "wait", "--for=condition=Ready", "-n", "serving", "pod/diag-leaky", f"--timeout={POD_START_S}s"
+        )
         yield "diag-leaky", token
     finally:
         on_node(
             CONTROL_PLANE, "kubectl --kubeconfig /etc/kubernetes/admin.conf -n serving delete pod diag-leaky"
         )
-        if made:
-            on_node(CONTROL_PLANE, "kubectl --kubeconfig /etc/kubernetes/admin.conf delete ns serving")
 
 
 def test_collect_diagnostics_every_item_no_secret(leaky_pod: tuple[str, str], tmp_path: Path) -> None:
@@ -439,24 +474,44 @@ def test_collect_diagnostics_every_item_no_secret(leaky_pod: tuple[str, str], tm
         one(f"nodes/{node}/containerd.journal.txt")
     log = one(f"pods/serving_{pod}_server.log")
     assert "command line: serve --jwt-secret <redacted:secret> --join <redacted:bootstrap-token>" in log
-    # the lab's pods run nothing: their endpoints are in the tarball as not reachable, with the error; the
-    # gateway-shaped pod's internal app is asked on its metrics port, each vLLM pod (one port, no
-    # /debug/dump_state) for /metrics and /health
-    for endpoint in ("dump_state", "metrics"):
-        assert one(f"http/{pod}_{endpoint}.txt").startswith("ERROR: not collected:")
+    index = json.loads(one("index.json"))
+    items = {i["file"]: i for i in index["items"]}
+
+    # The endpoints are asked from the control plane's host network. The serving namespace's NetworkPolicies
+    # admit a pod's own node and, besides, the gateway's http port only (Prometheus on the rest), so what the
+    # tarball holds depends on where each pod runs: the answers of the pods on the control plane, the policy's
+    # refusal (kube-router's REJECT) with the error for the others.
+    def collected(name: str, endpoint: str, node: str, *expected: str) -> None:
+        text, item = one(f"http/{name}_{endpoint}.txt"), items[f"{name}_{endpoint}.txt"]
+        if node == CONTROL_PLANE:
+            assert item["ok"] and not text.startswith("ERROR"), (item, text[:300])
+            for part in expected:
+                assert part in text, (name, endpoint, part, text[:600])
+        else:
+            assert not item["ok"] and text.startswith("ERROR: not collected:"), (item, text[:300])
+            assert "refused" in item["error"].lower(), item
+
+    # the leaky pod: its internal app asked on its metrics port; its arguments there, scrubbed
+    collected(pod, "dump_state", CONTROL_PLANE, "<redacted:secret>", "<redacted:bootstrap-token>")
+    collected(pod, "metrics", CONTROL_PLANE, "leaky_requests_total")
+    assert items[f"{pod}_dump_state.txt"]["source"].endswith(":9000/debug/dump_state"), items
+    # each vLLM pod (one port, no /debug/dump_state): /metrics and /health on its http port
     vllm = kube_json("get", "pods", "-n", "serving", "-l", "app.kubernetes.io/name=vllm")["items"]
     assert vllm, "the serving stage's vLLM pods are where the diagnostics look"
-    for name in (item["metadata"]["name"] for item in vllm):
-        for endpoint in ("metrics", "health"):
-            one(f"http/{name}_{endpoint}.txt")
+    for item in vllm:
+        name, node = item["metadata"]["name"], item["spec"]["nodeName"]
+        collected(name, "metrics", node, "vllm:num_requests_waiting", "vllm:request_success_total")
+        collected(name, "health", node)
+        assert items[f"{name}_health.txt"]["source"].endswith(":8000/health"), items
         assert not [n for n in files if n.endswith(f"http/{name}_dump_state.txt")], f"{name}: no dump_state"
-    index = json.loads(one("index.json"))
-    items = index["items"]
-    # the URL asked, or NAMESPACE/POD:PORT/PATH for a pod without an IP
-    sources = {i["file"]: i["source"] for i in items}
-    assert sources[f"{pod}_dump_state.txt"].endswith(":9000/debug/dump_state"), sources
-    assert all(sources[f"{i['metadata']['name']}_health.txt"].endswith(":8000/health") for i in vllm), sources
-    assert {i["file"] for i in items} >= {
+    # each gateway pod: its internal app on its metrics port (the upstreams it routes to, its metrics)
+    gateways = kube_json("get", "pods", "-n", "serving", "-l", "app.kubernetes.io/name=llm-gateway")["items"]
+    assert gateways, "the serving stage's gateway pods are where the diagnostics look"
+    for item in gateways:
+        name, node = item["metadata"]["name"], item["spec"]["nodeName"]
+        collected(name, "dump_state", node, '"upstreams"')
+        collected(name, "metrics", node, "llm_gateway_upstream_weight")
+    assert set(items) >= {
         "nvidia-smi-q.txt",
         "gpu_facts.json",
         "dmesg-xid.txt",
@@ -466,8 +521,9 @@ def test_collect_diagnostics_every_item_no_secret(leaky_pod: tuple[str, str], tm
         f"serving_{pod}_server.log",
     }
     # what could not be collected is in the tarball as such, with the error
-    for item in items:
+    for item in index["items"]:
         assert item["ok"] or item["error"], item
     for name, text in files.items():
         assert JWT_SECRET not in text, f"the JWT secret is in {name}"
+        assert token not in text, f"the leaky pod's join token is in {name}"
         assert not TOKEN.search(text), f"a join token is in {name}"  # not printed: it may be real
