@@ -227,8 +227,8 @@ def copy_off(config: dict[str, Any], copy: dict[str, Any]) -> None:
 
     A node: rsync over SSH with this node's key, which the receiver lets run rrsync, write-only, into one
     directory (hidden names, a snapshot being written, stay here); the receiver keeps its newest ones itself
-    (`prune`, its etcd-backup-prune.path unit), so this node cannot delete the copies there. A site path (a
-    mount): copied and kept in order from here."""
+    (`prune`, its etcd-backup-prune.timer), and where its rrsync has -no-del this node cannot delete them.
+    A site path (a mount): copied and kept in order from here."""
     if copy["kind"] == "node":
         timeout = float(config.get("copy_timeout_s", 1800))
         ssh = (
