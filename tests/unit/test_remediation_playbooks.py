@@ -309,7 +309,10 @@ def test_renew_certs_renews_restarts_and_reuses_the_operator_kubeconfigs() -> No
     (play,) = load("renew-certs.yml")
     (block,) = [t for t in play["tasks"] if "block" in t]
     # a second run changes nothing; a renewal by hand whose restart was forgotten is restarted
-    assert block["when"] == ["not ansible_check_mode", "renew_certs_needed | bool or renew_certs_stale | bool"]
+    assert block["when"] == [
+        "not ansible_check_mode",
+        "renew_certs_needed | bool or renew_certs_stale | bool",
+    ]
     (renew,) = [t for t in block["block"] if module_of(t) == "ansible.builtin.command"]
     assert renew["when"] == "renew_certs_needed | bool"
     assert renew["ansible.builtin.command"]["argv"][:4] == ["kubeadm", "certs", "renew", "all"]
