@@ -70,6 +70,9 @@ def fresh_inventory(tmp_path: Path) -> Iterator[Path]:
             "              ansible_user: root\n"
             "              ansible_python_interpreter: /usr/bin/python3\n"
             f"              node_ip: {FRESH_IP}\n"
+            # no worker to copy the etcd backups to (role etcd_backup refuses a control plane keeping them
+            # alone): a site path stands in
+            "              etcd_backup_copy_to_path: /var/backups/etcd-site-copy\n"
             "        workers:\n          hosts: {}\n"
             "    gpu_nodes:\n      children:\n        control_plane:\n"
         )
@@ -90,12 +93,14 @@ def test_check_mode_on_a_fresh_node_reports_the_cluster_it_would_make(fresh_inve
     plugin_version = default("nvidia_device_plugin", "nvidia_device_plugin_version")
     assert f"would apply the device plugin {plugin_version}" in said
     assert "no Kubernetes cluster" in said
+    assert "Check mode: would copy etcdctl and etcdutl out of the etcd image kubeadm init pulls" in said
     # --check wrote nothing
     left = podman(
         "exec", FRESH, "sh", "-c",
         "ls -d /etc/kubernetes/admin.conf /etc/kubernetes/kubeadm-config.yaml /etc/kubernetes/addons"
         " /etc/apt/sources.list.d/kubernetes.sources /etc/apt/sources.list.d/docker.sources"
-        " /etc/containerd/config.toml /opt/kubernetes-client 2>/dev/null; true",
+        " /etc/containerd/config.toml /opt/kubernetes-client /var/backups/etcd /usr/local/lib/etcd-backup"
+        " /usr/local/lib/control-plane-metrics /etc/systemd/system/etcd-backup.timer 2>/dev/null; true",
     )  # fmt: skip
     assert left.returncode == 0, left.stderr
     assert left.stdout.split() == []

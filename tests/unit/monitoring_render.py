@@ -35,6 +35,7 @@ LOADED = {
         "nvidia_device_plugin_runtime_class"
     ],
     "gpu_health_agent_metrics_port": _defaults("gpu_health_agent")["gpu_health_agent_metrics_port"],
+    "control_plane_metrics_port": _defaults("control_plane_metrics")["control_plane_metrics_port"],
 }
 # values a site sets (the defaults leave them empty, which the role refuses)
 SITE = {
@@ -48,6 +49,8 @@ SITE = {
     "__monitoring_api_server_port": 6443,
     # read from the cluster by the role (the Nodes' InternalIP) before the policy is rendered
     "__monitoring_node_addresses": ["10.89.42.11", "10.89.42.12", "10.89.42.13"],
+    # and the control-plane Nodes' InternalIP (the control plane's metrics exporter listens there)
+    "__monitoring_control_plane_addresses": ["10.89.42.11"],
 }
 
 

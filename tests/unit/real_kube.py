@@ -176,6 +176,8 @@ class ControlPlane:
         self.etcd_ports = {name: free_port() for name in ("client", "peer", "metrics")}
         self.controller_manager_port = free_port()
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        # each process's program, flags and readiness check, to start it again (start_component)
+        self.commands: dict[str, tuple[Path, list[str], Any]] = {}
         self.config = self.dir / "kubeadm-config.yaml"
         self._write_config()
 
@@ -283,20 +285,20 @@ class ControlPlane:
             self._kubeadm("init", "phase", "certs", "all")
             self._kubeadm("init", "phase", "kubeconfig", "super-admin", "--kubeconfig-dir", str(self.dir))
             self.admin_cert = self._client_files(self.dir / "super-admin.conf", "super-admin")
-            self._spawn("etcd", binary("etcd"), self._manifest("etcd local", "etcd"))
             health = f"http://127.0.0.1:{self.etcd_ports['metrics']}/health"
 
             def etcd_healthy() -> bool:
                 with urllib.request.urlopen(health, timeout=5) as response:
                     return bool(json.loads(response.read()).get("health") == "true")
 
-            self._wait("etcd", etcd_healthy)
-            self._spawn(
-                "kube-apiserver",
+            self.commands["etcd"] = (binary("etcd"), self._manifest("etcd local", "etcd"), etcd_healthy)
+            self.commands["kube-apiserver"] = (
                 binary("kube-apiserver"),
                 self._manifest("control-plane apiserver", "kube-apiserver"),
+                lambda: self.admin.raw("GET", "/readyz")[0] == 200,
             )
-            self._wait("kube-apiserver", lambda: self.admin.raw("GET", "/readyz")[0] == 200)
+            self.start_component("etcd")
+            self.start_component("kube-apiserver")
         except BaseException:
             self.stop()
             raise
@@ -324,6 +326,22 @@ class ControlPlane:
         healthz.ctx.check_hostname = False  # its serving certificate is self-signed
         healthz.ctx.verify_mode = ssl.CERT_NONE
         self._wait("kube-controller-manager", lambda: healthz.raw("GET", "/healthz")[0] == 200)
+
+    def start_component(self, name: str) -> None:
+        """Start etcd or kube-apiserver (again) with its flags and wait until it is ready."""
+        program, flags, ready = self.commands[name]
+        self._spawn(name, program, flags)
+        self._wait(name, ready)
+
+    def stop_component(self, name: str) -> None:
+        """End etcd or kube-apiserver, as the kubelet does when its static Pod manifest is moved away."""
+        process = self.processes.pop(name)
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
 
     def stop(self) -> None:
         for name in reversed(list(self.processes)):

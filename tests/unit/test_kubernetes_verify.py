@@ -7,10 +7,12 @@ tests/lab/test_kubernetes_stage_on_lab.py."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import real_kube
 import yaml
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
@@ -67,3 +69,65 @@ def test_a_kubelet_on_another_address_is_a_problem_saying_what_to_do() -> None:
 def test_calico_on_another_address_is_a_problem() -> None:
     (problem,) = problems(node("10.0.0.12", "172.16.0.12/16"))
     assert problem.startswith("Calico address 172.16.0.12, not node_ip 10.0.0.12")
+
+
+def certificates(validity: str | None, tmp_path: Path) -> tuple[bool, str]:
+    """The verification's certificate line (task Certificates, templated as Ansible does) over what the real
+    kubeadm of the pin answers for a PKI its init phase made, renewed with VALIDITY when given (its
+    certificateValidityPeriod, as the lab test shortens them): (the assert holds, the message it prints)."""
+    config = tmp_path / "kubeadm-config.yaml"
+    cluster: dict[str, Any] = {
+        "apiVersion": "kubeadm.k8s.io/v1beta4",
+        "kind": "ClusterConfiguration",
+        "kubernetesVersion": real_kube.kubernetes_version(),
+        "certificatesDir": str(tmp_path / "pki"),
+    }
+    init = {
+        "apiVersion": "kubeadm.k8s.io/v1beta4",
+        "kind": "InitConfiguration",
+        "localAPIEndpoint": {"advertiseAddress": real_kube.ADVERTISE},
+    }
+    config.write_text(yaml.safe_dump_all([init, cluster]))
+    assert real_kube.kubeadm("init", "phase", "certs", "all", "--config", str(config)).returncode == 0
+    if validity:
+        config.write_text(yaml.safe_dump_all([init, {**cluster, "certificateValidityPeriod": validity}]))
+        assert real_kube.kubeadm("certs", "renew", "all", "--config", str(config)).returncode == 0
+    checked = real_kube.kubeadm("certs", "check-expiration", "--config", str(config), "-o", "json")
+    assert checked.returncode == 0, checked.stderr
+    play = yaml.safe_load((ROOT / "playbooks/kubernetes-verify.yml").read_text())[0]
+    (task,) = [task for task in play["tasks"] if task.get("name") == "Certificates"]
+    variables: dict[str, Any] = {
+        k: trust_as_template(v) if isinstance(v, str) else v for k, v in task["vars"].items()
+    }
+    variables |= {"verify_api": "gpu-node-1", "verify_certificates": {"rc": 0, "stdout": checked.stdout}}
+    templar = Templar(loader=DataLoader(), variables=variables)
+    assertion = task["ansible.builtin.assert"]
+    held = templar.template(trust_as_template("{{ " + assertion["that"] + " }}"))
+    message = assertion["success_msg"] if held else assertion["fail_msg"]
+    return bool(held), " ".join(str(templar.template(trust_as_template(message))).split())
+
+
+def test_the_summary_names_the_earliest_certificate(tmp_path: Path) -> None:
+    held, line = certificates(None, tmp_path)
+    assert held and line.startswith("certificates (gpu-node-1, kubeadm certs check-expiration): earliest ")
+    assert "(364 days)" in line or "(365 days)" in line
+    assert "earliest authority " in line and "RENEW" not in line
+
+
+def test_a_certificate_ending_within_30_days_says_renew(tmp_path: Path) -> None:
+    held, line = certificates("480h", tmp_path)
+    assert held and "(19 days), RENEW: playbooks/remediate/renew-certs.yml" in line
+
+
+def test_an_ended_certificate_fails_the_verification(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    renew = real_kube.kubeadm
+
+    def renew_then_wait(*args: str) -> Any:
+        done = renew(*args)
+        if args[:2] == ("certs", "renew"):
+            time.sleep(2)  # past the 1 s the certificates were given
+        return done
+
+    monkeypatch.setattr(real_kube, "kubeadm", renew_then_wait)
+    held, line = certificates("1s", tmp_path)
+    assert not held and "a certificate has ended: playbooks/remediate/renew-certs.yml" in line

@@ -35,11 +35,12 @@ def test_prometheus_config_is_accepted_with_its_rules(tmp_path: Path) -> None:
         "llm-gateway",
         "dcgm-exporter",
         "gpu-health-agent",
+        "control-plane-metrics",
     ]
     for job in config["scrape_configs"]:
         # Debian builds Prometheus without Kubernetes discovery (its client-go is not packaged): promtool here
         # refuses kubernetes_sd_configs. The pinned upstream image has it; everything else is checked as is.
-        role = "node" if job["job_name"] == "gpu-health-agent" else "pod"
+        role = "node" if job["job_name"] in ("gpu-health-agent", "control-plane-metrics") else "pod"
         assert job.pop("kubernetes_sd_configs") == [{"role": role}]
         job["static_configs"] = [{"targets": ["127.0.0.1:9"]}]
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
@@ -50,7 +51,7 @@ def test_prometheus_config_is_accepted_with_its_rules(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 15 rules found" in result.stdout
+    assert "SUCCESS: 20 rules found" in result.stdout
 
 
 def relabel(labels: dict[str, str], configs: list[dict[str, Any]]) -> dict[str, str] | None:
@@ -86,6 +87,7 @@ def node_target(name: str, address: str, labels: dict[str, str]) -> dict[str, st
     }
     for key, value in labels.items():
         meta["__meta_kubernetes_node_label_" + re.sub(r"[^A-Za-z0-9_]", "_", key)] = value
+        meta["__meta_kubernetes_node_labelpresent_" + re.sub(r"[^A-Za-z0-9_]", "_", key)] = "true"
     return meta
 
 
@@ -124,6 +126,29 @@ def test_the_gpu_health_agent_is_scraped_on_every_gpu_node_only() -> None:
     node = node_target("gpu-node-2", "10.89.42.12", {"example.org/accelerator": "a100"})
     assert relabel(node, job["relabel_configs"])["__address__"] == "10.89.42.12:9555"  # type: ignore[index]
     assert relabel(node_target("gpu-node-2", "10.89.42.12", gpu_label), job["relabel_configs"]) is None
+
+
+def test_the_control_plane_metrics_are_scraped_on_the_control_plane_only() -> None:
+    """Role control_plane_metrics's exporter is a host service on the control plane: its target is the
+    Node kubeadm labels node-role.kubernetes.io/control-plane (with an empty value), on its InternalIP at the
+    role's port, labelled with the node's name; the workers are not scraped there."""
+    config = yaml.safe_load(render("prometheus.yml.j2", monitoring_alert_webhook_url=WEBHOOK))
+    (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "control-plane-metrics"]
+    assert job["kubernetes_sd_configs"] == [{"role": "node"}]
+    port = LOADED["control_plane_metrics_port"]
+    gpu_label = LOADED["nvidia_device_plugin_node_label"]
+    nodes = [
+        node_target("gpu-node-1", "10.89.42.11", {**gpu_label, "node-role.kubernetes.io/control-plane": ""}),
+        node_target("gpu-node-2", "10.89.42.12", gpu_label),
+        node_target("cpu-node-1", "10.89.42.21", {"node-role.kubernetes.io/worker": ""}),
+    ]
+    kept = [t for t in (relabel(node, job["relabel_configs"]) for node in nodes) if t is not None]
+    assert [(t["__address__"], t["node"]) for t in kept] == [(f"10.89.42.11:{port}", "gpu-node-1")]
+    other = yaml.safe_load(
+        render("prometheus.yml.j2", monitoring_alert_webhook_url=WEBHOOK, control_plane_metrics_port=9555)
+    )
+    (job,) = [j for j in other["scrape_configs"] if j["job_name"] == "control-plane-metrics"]
+    assert relabel(nodes[0], job["relabel_configs"])["__address__"] == "10.89.42.11:9555"  # type: ignore[index]
 
 
 def test_alertmanager_config_is_accepted(tmp_path: Path) -> None:

@@ -1,11 +1,13 @@
 """Every metric name the alert rules and the dashboards read is one an exporter of this stack emits: the
 simulator's /metrics (vLLM's names of the pinned version), the gateway's internal /metrics, dcgm-exporter
 for the role's counters file, the GPU health agent's /metrics (module_utils/gpu_health_agent.py, after a
-poll), or Prometheus itself (`up`). Both serving processes are started for real.
+poll), the control plane's metrics exporter (roles control_plane_metrics and etcd_backup), or Prometheus
+itself (`up`). Both serving processes are started for real.
 The article's alert on `vllm_request_success_total` is the example of a name nobody emits."""
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +28,7 @@ from monitoring_promql import (
 )
 
 BIN = Path(sys.executable).parent
+ROOT = Path(__file__).resolve().parents[2]
 UPSTREAM_COUNTERS = "dcgm-exporter/4.5.3-4.8.2/default-counters.csv"  # lab/upstream_manifests.py
 PROMETHEUS_OWN = {"up"}  # written by Prometheus for every target
 
@@ -67,12 +70,33 @@ def agent_metrics() -> str:
     return agent.metrics()
 
 
+def control_plane_metrics(tmp_path: Path) -> str:
+    """The control plane's exporter (role control_plane_metrics) serving the files its certificate check
+    and role etcd_backup's run write: each program's own text, a sample in every family (a copy's too)."""
+    programs = {}
+    for role in ("control_plane_metrics", "etcd_backup"):
+        (path,) = (ROOT / "roles" / role / "files").glob("*.py")
+        spec = importlib.util.spec_from_file_location(f"{role}_program", path)
+        assert spec and spec.loader
+        programs[role] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(programs[role])
+    report = {"certificates": [{"name": "apiserver", "expirationDate": "2027-12-01T18:33:53Z"}]}
+    (tmp_path / "kubeadm_certificates.prom").write_text(
+        programs["control_plane_metrics"].certificate_metrics(report, "", 0.0)
+    )
+    backup = {"dir": str(tmp_path / "none"), "max_age_s": 10800}
+    outcome = {"ran": 0.0, "saved": True, "copies": {"gpu-node-2": True}}
+    (tmp_path / "etcd_backup.prom").write_text(programs["etcd_backup"].metrics_text(backup, outcome))
+    return str(programs["control_plane_metrics"].exposition(str(tmp_path)))
+
+
 @pytest.fixture(scope="module")
-def emitted(serving: dict[str, str]) -> set[str]:
+def emitted(serving: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> set[str]:
     return (
         exposition_names(serving["vllm"])
         | exposition_names(serving["gateway"])
         | exposition_names(agent_metrics())
+        | exposition_names(control_plane_metrics(tmp_path_factory.mktemp("control-plane-metrics")))
         | dcgm_exported_names()
         | PROMETHEUS_OWN
     )

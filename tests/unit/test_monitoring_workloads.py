@@ -315,6 +315,22 @@ def test_prometheus_may_reach_the_gpu_health_agents_on_the_nodes_addresses_only(
     assert not [rule for rule in egress if {"protocol": "TCP", "port": port} in rule.get("ports", [])]
 
 
+def test_prometheus_may_reach_the_control_plane_metrics_on_the_control_planes_address_only() -> None:
+    """Role control_plane_metrics's exporter is a host service too: one rule for the control-plane Nodes'
+    InternalIPs (read from the Node objects with kubeadm's control-plane label) on its port, nothing else."""
+    port = LOADED["control_plane_metrics_port"]
+    objs = render_objects("network-policy.yml.j2", __monitoring_control_plane_addresses=["10.89.42.11"])
+    egress = by(objs, "NetworkPolicy", "prometheus")["spec"]["egress"]
+    rules = [rule for rule in egress if {"protocol": "TCP", "port": port} in rule.get("ports", [])]
+    assert rules == [
+        {"to": [{"ipBlock": {"cidr": "10.89.42.11/32"}}], "ports": [{"protocol": "TCP", "port": port}]}
+    ]
+    objs = render_objects("network-policy.yml.j2", __monitoring_control_plane_addresses=[])
+    egress = by(objs, "NetworkPolicy", "prometheus")["spec"]["egress"]
+    assert all(rule.get("to", None) != [] for rule in egress)
+    assert not [rule for rule in egress if {"protocol": "TCP", "port": port} in rule.get("ports", [])]
+
+
 def test_the_templates_use_the_roles_variables_only() -> None:
     """StrictUndefined rendering with the defaults alone (no site values) still renders: nothing undefined."""
     for template in ("prometheus-workload.yml.j2", "grafana-workload.yml.j2", "network-policy.yml.j2"):
@@ -323,6 +339,7 @@ def test_the_templates_use_the_roles_variables_only() -> None:
             monitoring_alert_webhook_url="https://a.example.org/x",
             __monitoring_api_server_port=6443,
             __monitoring_node_addresses=["10.89.42.11"],
+            __monitoring_control_plane_addresses=["10.89.42.11"],
         )
 
 

@@ -23,6 +23,8 @@ PLAYBOOKS = [
     "restart-device-plugin.yml",
     "resync-models.yml",
     "collect-diagnostics.yml",
+    "etcd-restore.yml",
+    "renew-certs.yml",
 ]
 TOKEN = re.compile(r"[a-z0-9]{6}\.[a-z0-9]{16}")
 
@@ -114,13 +116,20 @@ def test_api_client_settings_from_the_role_not_vars_files(name: str) -> None:
     public, so an inventory's value wins as it does for the roles."""
     for play in load(name):
         assert "vars_files" not in play, f"{name}: {play['name']} uses vars_files"
-        if "kubernetes_api_client_python" in str(play):
+        if "kubernetes_api_client_python" in str(play) and "tasks" in play:
             loads = [
                 t["ansible.builtin.include_role"]
                 for t in tasks(play)
                 if module_of(t) == "ansible.builtin.include_role"
                 and t["ansible.builtin.include_role"]["name"] == "kubernetes_api_client"
             ]
+            if not loads:  # loaded with the other roles' settings, in one loop
+                loads = [
+                    {**t["ansible.builtin.include_role"], "name": "kubernetes_api_client"}
+                    for t in tasks(play)
+                    if module_of(t) == "ansible.builtin.include_role"
+                    and "kubernetes_api_client" in t.get("loop", [])
+                ]
             assert loads == [{"name": "kubernetes_api_client", "tasks_from": "validate", "public": True}], (
                 name
             )
@@ -264,3 +273,60 @@ def test_runbook_covers_every_alert_and_names_existing_playbooks() -> None:
     assert not missing, f"docs/runbook.md has no section for {missing}"
     for path in set(re.findall(r"playbooks/[\w/.-]+\.yml", runbook)):
         assert (ROOT / path).is_file(), f"docs/runbook.md names {path}, which does not exist"
+
+
+def test_etcd_restore_checks_the_snapshot_before_any_change() -> None:
+    """Everything before the first change only reads (the snapshot's status in check mode too, a refusal
+    naming `snapshot`); every change waits for a real run; the static Pods are stopped and started by the
+    shared task files, started again whatever the restore did; the restore is etcd_backup.py's; the cluster is
+    verified by kubernetes-verify.yml."""
+    plays = load("etcd-restore.yml")
+    steps = tasks(plays[0])
+    names = [t["name"] for t in steps]
+    refuse = names.index("Refuse a snapshot that is not good")
+    status = steps[names.index("Check the snapshot (etcdutl snapshot status, and its recorded sha256)")]
+    assert status["ansible.builtin.command"]["argv"][2] == "status" and status["check_mode"] is False
+    for task in steps[:refuse]:
+        assert module_of(task) in (
+            "ansible.builtin.assert", "ansible.builtin.include_role", "ansible.builtin.set_fact",
+            "ansible.builtin.find", "ansible.builtin.command",
+        ), task["name"]  # fmt: skip
+    assert "snapshot=" in str(steps[0]["ansible.builtin.assert"]["fail_msg"])
+    (block,) = [t for t in plays[0]["tasks"] if "block" in t]
+    assert block["when"] == "not ansible_check_mode"
+    assert [
+        t["ansible.builtin.include_tasks"] for t in block["block"] if "ansible.builtin.include_tasks" in t
+    ] == ["tasks/static-pods-stop.yml"]
+    assert [t["ansible.builtin.include_tasks"] for t in block["always"]] == ["tasks/static-pods-start.yml"]
+    restore = [t for t in block["block"] if module_of(t) == "ansible.builtin.command"]
+    assert restore[0]["ansible.builtin.command"]["argv"][2] == "restore"
+    kubelets = steps[names.index("Restart every node's kubelet (it lists again)")]
+    assert kubelets["when"] == "not ansible_check_mode"
+    assert plays[1]["ansible.builtin.import_playbook"] == "../kubernetes-verify.yml"
+
+
+def test_renew_certs_renews_restarts_and_reuses_the_operator_kubeconfigs() -> None:
+    (play,) = load("renew-certs.yml")
+    (block,) = [t for t in play["tasks"] if "block" in t]
+    # a second run changes nothing; a renewal by hand whose restart was forgotten is restarted
+    assert block["when"] == [
+        "not ansible_check_mode",
+        "renew_certs_needed | bool or renew_certs_stale | bool",
+    ]
+    (renew,) = [t for t in block["block"] if module_of(t) == "ansible.builtin.command"]
+    assert renew["when"] == "renew_certs_needed | bool"
+    assert renew["ansible.builtin.command"]["argv"][:4] == ["kubeadm", "certs", "renew", "all"]
+    assert "--config" in renew["ansible.builtin.command"]["argv"]  # works with the API server's cert ended
+    assert [t["ansible.builtin.include_tasks"] for t in block["always"]] == ["tasks/static-pods-start.yml"]
+    included = [t["ansible.builtin.include_role"] for t in tasks(play) if "ansible.builtin.include_role" in t]
+    assert {"name": "kubeadm_control_plane", "tasks_from": "operator-kubeconfigs"} in included
+    text = (REMEDIATE / "renew-certs.yml").read_text()
+    assert "kubeconfig user" not in text, "the operators' kubeconfigs are the role's, not a copy"
+    for task in tasks(play):
+        if (
+            module_of(task) == "ansible.builtin.command"
+            and task["ansible.builtin.command"]["argv"][1] == "certs"
+        ):
+            assert (task["ansible.builtin.command"]["argv"][2] == "renew") == (
+                task.get("changed_when") is True
+            )
