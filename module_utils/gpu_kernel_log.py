@@ -49,7 +49,8 @@ def _is_device(path: str) -> bool:
 
 class KernelLog:
     """Incremental reader: each ``read_new()`` returns the Xids logged since the last call (the first call:
-    every Xid still in the buffer). OSError when the source cannot be opened (missing, no CAP_SYSLOG)."""
+    every Xid still in the buffer). OSError when the source cannot be read (no /dev/kmsg, no CAP_SYSLOG); a
+    regular file that does not exist yet is an empty log."""
 
     def __init__(self, path: str = DEFAULT_KERNEL_LOG) -> None:
         self.path = path
@@ -77,7 +78,12 @@ class KernelLog:
             yield chunk.decode("utf-8", "replace").split("\n", 1)[0]
 
     def _file_records(self) -> Iterator[str]:
-        with open(self.path, "rb") as f:
+        try:
+            f = open(self.path, "rb")  # noqa: SIM115 (closed below; a missing file is an empty log)
+        except FileNotFoundError:
+            self._offset = 0
+            return  # nothing logged yet (the lab's file appears with its first record)
+        with f:
             size = os.fstat(f.fileno()).st_size
             if size < self._offset:
                 self._offset = 0  # truncated: a new boot of the lab's log
@@ -149,16 +155,16 @@ def write_boot_scoped(path: str, data: dict[str, Any], mode: int = 0o644) -> Non
         raise
 
 
-def load_cleared(path: str = CLEARED_FILE) -> dict[str, int]:
+def load_cleared(path: str | None = None) -> dict[str, int]:
     """GPU bus id -> the last kernel-log sequence number a reset cleared, for this boot."""
-    gpus = read_boot_scoped(path).get("gpus") or {}
+    gpus = read_boot_scoped(path or CLEARED_FILE).get("gpus") or {}
     return {str(bus): int(seq) for bus, seq in gpus.items() if isinstance(seq, int)}
 
 
-def save_cleared(buses: Iterable[str], seq: int, path: str = CLEARED_FILE) -> None:
+def save_cleared(buses: Iterable[str], seq: int, path: str | None = None) -> None:
     gpus = load_cleared(path)
     gpus.update(dict.fromkeys(buses, int(seq)))
-    write_boot_scoped(path, {"gpus": gpus})
+    write_boot_scoped(path or CLEARED_FILE, {"gpus": gpus})
 
 
 def uncleared(events: Iterable[XidEvent], cleared: dict[str, int]) -> list[XidEvent]:

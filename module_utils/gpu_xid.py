@@ -225,10 +225,9 @@ def rule_of(xid: int) -> XidRule:
     return XIDS.get(xid, UNKNOWN)
 
 
-# The recovery action NVML reports (field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, the value Xid 154 names):
-# nvmlDeviceGpuRecoveryAction_t. Values this table does not know (IMEX domains, bus reset, system reboot on
-# later GPUs) are taken as a reboot.
-NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230
+# The recovery action NVML reports (field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, read by gpu_inventory; the
+# value Xid 154 names): nvmlDeviceGpuRecoveryAction_t. Values this table does not know (IMEX domains, bus
+# reset, system reboot on later GPUs) are taken as a reboot.
 RECOVERY_ACTIONS = {
     0: ("NONE", NONE),
     1: ("GPU_RESET", RESET_GPU),

@@ -186,8 +186,8 @@ def test_error_classes_behave_like_the_real_ones(name: str) -> None:
 
 def test_the_recovery_action_field_is_not_in_the_pinned_bindings() -> None:
     """NVML_FI_DEV_GET_GPU_RECOVERY_ACTION came with driver R565: nvidia-ml-py 12.535 has no such constant,
-    so the product names the field by its number (module_utils/gpu_xid.py) and the fake defines none."""
-    from ansible.module_utils.gpu_xid import NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+    so the product names the field by its number (module_utils/gpu_inventory.py) and the fake defines none."""
+    from ansible.module_utils.gpu_inventory import NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
 
     assert not hasattr(real, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION")
     assert not hasattr(fake, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION")

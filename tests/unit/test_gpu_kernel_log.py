@@ -74,9 +74,10 @@ def test_the_device_is_read_one_record_per_read_past_lost_records(monkeypatch: p
     reader.close()
 
 
-def test_an_unreadable_log_raises(tmp_path: Path) -> None:
+def test_an_unreadable_log_raises_a_missing_file_is_empty(tmp_path: Path) -> None:
     with pytest.raises(OSError):
-        KernelLog(str(tmp_path / "missing")).read_new()
+        KernelLog(str(tmp_path)).read_new()  # a directory
+    assert KernelLog(str(tmp_path / "missing")).read_new() == []
 
 
 def test_a_reset_clears_its_gpus_xids_for_this_boot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
