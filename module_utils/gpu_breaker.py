@@ -90,6 +90,9 @@ def plan(
 # write them (module gpu_cordon_plan returns them).
 CORDON_ANNOTATION = "gpu-health.llm-platform.io/cordon"
 HISTORY_ANNOTATION = "gpu-health.llm-platform.io/history"
+# A GPU fault that keeps the node in service (restart the application, reset at the next drain window): what
+# the agent saw, JSON like the cordon annotation's; the agent removes it once the GPU needs nothing.
+NOTICE_ANNOTATION = "gpu-health.llm-platform.io/notice"
 HISTORY_LENGTH = 20
 # On the breaker Lease: JSON {node: {why, time, by}} of the unhealthy nodes the breaker holds back now
 # (the agents and ecc-cordon.yml write it while they hold the Lease; a node's entry goes once it is
@@ -167,18 +170,23 @@ def lease_released(
 
 
 def cordon_record(by: str, health: Mapping[str, Any], time: str) -> dict[str, Any]:
-    """The cordon annotation's content: who, when, the reason codes and the GPUs (index and UUID)."""
+    """The cordon annotation's content: who, when, the reason codes, the GPUs (index and UUID), the action
+    gpu_health names for the node and the playbook that carries it out (module_utils/gpu_xid.py)."""
     bad = [g for g in health.get("gpus", []) if g.get("verdict") == "unhealthy"]
     reasons = sorted({r for g in bad for r in g.get("reasons", [])} | set(health.get("reasons", [])))
     gpus = [{"index": g.get("index"), "uuid": g.get("uuid")} for g in bad]
     where = ", ".join(f"GPU {g['index']}" for g in gpus) or "node"
-    return {
+    record = {
         "by": by,
         "time": time,
         "reasons": reasons,
         "gpus": gpus,
         "message": f"{where}: {', '.join(reasons)}",
     }
+    # "gpu_action": the history's entries have an "action" of their own (cordon, uncordon)
+    if health.get("action"):
+        record.update(gpu_action=health["action"], playbook=health.get("playbook", ""))
+    return record
 
 
 def history_with(current: str | None, action: str, record: Mapping[str, Any]) -> str:

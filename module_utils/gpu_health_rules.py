@@ -181,6 +181,8 @@ def _uncorrectable(gpu: dict[str, Any], bursts: Sequence[Incident]) -> Finding |
     if not _positive(count):
         return None
     what = f"GPU {index}: {count} uncorrectable ECC error(s) since the driver loaded"
+    if any(not b.settled for b in bursts):
+        return None  # its containment Xid may be on its way: judged at the next reading
     reported = gpu.get("recovery_action")
     if reported is not None:
         # the driver's own verdict (R565+); the application that hit the error restarts either way

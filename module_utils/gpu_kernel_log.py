@@ -58,6 +58,8 @@ class KernelLog:
         self._fd: int | None = None
         self._offset = 0
         self.last_seq: int | None = None
+        # set when the file was found emptied since the last read (the lab's reboot): earlier Xids are gone
+        self.restarted = False
 
     def _device_records(self) -> Iterator[str]:
         if self._fd is None:
@@ -87,6 +89,7 @@ class KernelLog:
             size = os.fstat(f.fileno()).st_size
             if size < self._offset:
                 self._offset = 0  # truncated: a new boot of the lab's log
+                self.restarted = True
             f.seek(self._offset)
             data = f.read()
         complete = data.rfind(b"\n") + 1  # a line still being written is read next time

@@ -57,8 +57,9 @@ def assess_node(
 ) -> dict[str, Any]:
     """Verdict, action, node-level reasons and messages, and one entry per GPU.
 
-    Keys: ``verdict``, ``action``, ``reasons``, ``messages``, ``gpus`` (index, uuid, pci_bus_id, verdict,
-    action, reasons, messages, xids), ``gpu_count`` and ``driver_version`` (None when NVML could not be read).
+    Keys: ``verdict``, ``action``, ``playbook``, ``settled``, ``reasons``, ``messages``, ``xids``, ``gpus``
+    (index, uuid, pci_bus_id, verdict, action, reasons, messages, xids), ``gpu_count`` and ``driver_version``
+    (None when NVML could not be read).
     ``xid_events``: the Xids not cleared by a reset; ``now_usec``: the kernel log's clock (bursts that may
     still get their containment Xid wait), None to judge every burst as final.
     """
@@ -106,5 +107,7 @@ def assess_node(
         "messages": [f.message for f in node_level],
         "gpus": gpus,
         "xids": [xid_entry(e) for e in events if e.pci_bus_id not in named],
+        # False while a burst may still get its containment Xid: the agent waits before it acts
+        "settled": all(b.settled for b in bursts),
         **system,
     }

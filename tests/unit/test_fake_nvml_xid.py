@@ -176,3 +176,14 @@ def test_the_nvidia_smi_stand_in_resets_one_idle_gpu(pcie_node: FakeNode, tmp_pa
     pcie_node.ctl("xid", "--gpu", "2", "--xid", "79")
     lost = reset("2")
     assert lost.returncode == 15 and "GPU is lost" in lost.stdout
+
+
+def test_the_lab_points_the_product_at_the_fake_drivers_kernel_log() -> None:
+    """The lab's nodes share this machine's kernel: the product reads the file the fake driver writes."""
+    import fake_nvml_ctl
+    import yaml
+
+    lab = yaml.safe_load((ROOT / "inventories" / "lab" / "group_vars" / "gpu_nodes.yml").read_text())
+    assert lab["gpu_health_agent_kernel_log"] == fake_nvml_ctl.DEFAULT_KMSG != "/dev/kmsg"
+    defaults = yaml.safe_load((ROOT / "roles" / "gpu_health_agent" / "defaults" / "main.yml").read_text())
+    assert defaults["gpu_health_agent_kernel_log"] == "/dev/kmsg"

@@ -44,7 +44,7 @@ def test_a_file_of_kmsg_records_is_read_incrementally(tmp_path: Path) -> None:
     assert [e.xid for e in reader.read_new()] == [48]
     # a new boot of the lab's log: truncated, read from the start again
     log.write_text(record(6, 94))
-    assert [e.xid for e in reader.read_new()] == [94]
+    assert [e.xid for e in reader.read_new()] == [94] and reader.restarted
     events, last = read_log(str(log))
     assert [e.xid for e in events] == [94] and last == 6
 
