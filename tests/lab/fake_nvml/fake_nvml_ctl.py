@@ -460,8 +460,12 @@ def cmd_show(args: argparse.Namespace) -> str:
 
 def _mutate(describe: Callable[[dict[str, Any]], str]) -> str:
     path = state_path()
-    with locked(path) as state:
-        message = describe(state)
+    try:
+        with locked(path) as state:
+            message = describe(state)
+        _flush_kernel_log()  # after the state it describes is written
+    finally:
+        _pending_records.clear()
     return message
 
 
@@ -723,24 +727,34 @@ EVENT_DOUBLE_BIT_ECC = 0x2
 EVENTS_KEPT = 256
 
 
+_pending_records: list[str] = []  # records of the change under way, written once its state is
+
+
 def _kernel_log(
     state: dict[str, Any], gpu: dict[str, Any], xid: int, who: tuple[str, str] | None, text: str
 ) -> None:
-    """Append the driver's record to the lab's kernel log, in /dev/kmsg's format (``who``: pid and name, which
-    the driver prints for the Xids of a channel, not for Xid 154)."""
+    """The driver's record for the lab's kernel log, in /dev/kmsg's format (``who``: pid and name, which the
+    driver prints for the Xids of a channel, not for Xid 154); written after the state it describes, as
+    the driver counts an error before it logs it."""
     state["kmsg_seq"] = int(state.get("kmsg_seq", 0)) + 1
     usec = int(time.monotonic() * 1_000_000)  # /dev/kmsg's clock: microseconds since boot
     pci = gpu["pci"]
     bus = f"{pci['domain']:04x}:{pci['bus']:02x}:{pci['device']:02x}"
     process = f"pid={who[0]}, name={who[1]}, " if who else ""
-    line = f"4,{state['kmsg_seq']},{usec},-;NVRM: Xid (PCI:{bus}): {xid}, {process}{text}\n"
+    _pending_records.append(f"4,{state['kmsg_seq']},{usec},-;NVRM: Xid (PCI:{bus}): {xid}, {process}{text}\n")
+
+
+def _flush_kernel_log() -> None:
+    if not _pending_records:
+        return
     path = kmsg_path()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, line.encode())
+        os.write(fd, "".join(_pending_records).encode())
     finally:
         os.close(fd)
+        _pending_records.clear()
 
 
 def _event(state: dict[str, Any], gpu: dict[str, Any], event_type: int, data: int) -> None:
