@@ -76,6 +76,7 @@ notes:
     then judged as uncontained.
 seealso:
   - module: gpu_facts
+  - module: gpu_reset
 """
 
 EXAMPLES = r"""
