@@ -297,3 +297,54 @@ def uncordon_patch(
         "spec": {"unschedulable": None},
     }
     return patch, f"{action}: gpu_health says {verdict}"
+
+
+def maintenance_patch(
+    nodes: Iterable[Mapping[str, Any]],
+    name: str,
+    health: Mapping[str, Any],
+    gpus: Iterable[int],
+    what: str,
+    by: str,
+    time: str,
+) -> tuple[dict[str, Any] | None, str]:
+    """A playbook's own work on a node (a GPU reset, a reboot): the merge patch that cordons it with the
+    record (the GPUs it works on, their reasons, gpu_health's action) and a history entry ``what``, or None
+    with why (the node is cordoned already: only the history entry; the last schedulable GPU node: refused).
+    """
+    by_name = {n["metadata"]["name"]: n for n in nodes}
+    node = by_name[name]
+    annotations = (node.get("metadata") or {}).get("annotations") or {}
+    wanted = set(gpus)
+    chosen = [g for g in health.get("gpus", []) if g.get("index") in wanted]
+    reasons = sorted({r for g in chosen for r in g.get("reasons", [])} | set(health.get("reasons", [])))
+    where = ", ".join(f"GPU {g['index']}" for g in chosen) or "node"
+    record = {
+        "by": by,
+        "time": time,
+        "reasons": reasons,
+        "gpus": [{"index": g.get("index"), "uuid": g.get("uuid")} for g in chosen],
+        "message": f"{where}: {what} ({', '.join(reasons) or 'no GPU health reason'})",
+        "gpu_action": health.get("action", ""),
+        "playbook": by,
+    }
+    history = history_with(annotations.get(HISTORY_ANNOTATION), what, record)
+    if (node.get("spec") or {}).get("unschedulable"):
+        return {
+            "metadata": {"annotations": {HISTORY_ANNOTATION: history}}
+        }, f"{name} is cordoned already: {what}"
+    others = [
+        n for n, item in by_name.items() if n != name and not (item.get("spec") or {}).get("unschedulable")
+    ]
+    if not others:
+        return None, f"refused: {name} is the last schedulable GPU node; {what} it when another one is back"
+    patch = {
+        "metadata": {
+            "annotations": {
+                CORDON_ANNOTATION: json.dumps(record, sort_keys=True),
+                HISTORY_ANNOTATION: history,
+            }
+        },
+        "spec": {"unschedulable": True},
+    }
+    return patch, f"cordon {name} for the {what}: {record['message']}"

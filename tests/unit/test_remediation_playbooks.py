@@ -23,6 +23,8 @@ PLAYBOOKS = [
     "restart-device-plugin.yml",
     "resync-models.yml",
     "collect-diagnostics.yml",
+    "gpu-reset.yml",
+    "node-reboot.yml",
 ]
 TOKEN = re.compile(r"[a-z0-9]{6}\.[a-z0-9]{16}")
 
