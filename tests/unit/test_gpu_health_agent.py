@@ -9,7 +9,8 @@ fake ``pynvml``, ``-S`` so the test venv's real ansible package is not on the pa
 one process per node, each with its own fake NVML state file; it authenticates with the ServiceAccount
 token the role's manifests produce, never a certificate.
 
-Benchmark (docs/benchmarks.md): ``.venv/bin/python tests/unit/test_gpu_health_agent.py --bench 10``.
+Benchmarks (docs/benchmarks.md): ``.venv/bin/python tests/unit/test_gpu_health_agent.py --bench 10`` (an
+uncorrectable ECC error to the cordon) and ``... --bench-xid 5`` (an Xid to the agent's action).
 """
 
 from __future__ import annotations
@@ -494,8 +495,55 @@ def bench(runs: int) -> None:
     print("samples:", " ".join(f"{s:.2f}" for s in samples))
 
 
+def bench_xid(runs: int) -> None:
+    """Time from an Xid written by the fake driver (its kernel-log record and NVML event) to the agent's
+    action in the API: Xid 95 -> the cordon; Xids 48, 63, 94 in one burst -> the notice annotation."""
+    import tempfile
+
+    poll = float(role_vars()["gpu_health_agent_poll_interval"])
+    cases = {
+        "xid 95 -> cordon": (["95"], "cordon"),
+        "xid 48, 63, 94 -> notice": (["48", "63", "94"], "notice"),
+    }
+    results: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp, real_kube.control_plane(Path(tmp) / "kube") as api:
+        api.start_controllers()
+        cluster = Cluster(api, Path(tmp))
+        try:
+            for name, (xids, action) in cases.items():
+                samples = results.setdefault(name, [])
+                for _ in range(runs):
+                    cluster.reset()
+                    agent = cluster.start_agent("gpu-node-2", poll_interval=poll)
+                    time.sleep(poll * 0.37 + (len(samples) % 5) * poll / 5)  # anywhere in a poll
+                    started = time.monotonic()
+                    agent.fault("xid", "--gpu", "1", *[arg for x in xids for arg in ("--xid", x)])
+
+                    def done(action: str = action) -> bool:
+                        node = cluster.node("gpu-node-2")
+                        if action == "cordon":
+                            return bool(node["spec"].get("unschedulable"))
+                        return NOTICE in (node["metadata"].get("annotations") or {})
+
+                    wait(done, timeout=30, step=0.02)
+                    samples.append(time.monotonic() - started)
+                    assert action == "cordon" or not cluster.cordoned(), "a contained error was cordoned"
+            cluster.reset()
+        finally:
+            cluster.close()
+    for name, samples in results.items():
+        print(
+            f"poll interval {poll:g} s, {name}, {runs} runs: seconds median "
+            f"{statistics.median(samples):.2f}, min {min(samples):.2f}, max {max(samples):.2f}; "
+            f"samples {' '.join(f'{s:.2f}' for s in samples)}"
+        )
+
+
 if __name__ == "__main__":
-    bench(int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[1] == "--bench" else 10)
+    if len(sys.argv) > 1 and sys.argv[1] == "--bench-xid":
+        bench_xid(int(sys.argv[2]) if len(sys.argv) > 2 else 5)
+    else:
+        bench(int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[1] == "--bench" else 10)
 
 
 # ------------------------------------------------------------------------------------------- NVML events
@@ -622,8 +670,8 @@ def test_a_contained_error_keeps_the_node_and_writes_an_event(
     cluster: Cluster, agents: dict[str, Agent]
 ) -> None:
     agent = agents["gpu-node-2"]
-    for xid in ("48", "63", "94"):  # what the driver logs for a double-bit error contained to one process
-        agent.fault("xid", "--gpu", "1", "--xid", xid)
+    # what the driver logs for a double-bit error contained to one process, in one burst
+    agent.fault("xid", "--gpu", "1", "--xid", "48", "--xid", "63", "--xid", "94")
     events = wait(lambda: cluster.events("gpu-node-2"), timeout=30)
     time.sleep(3)  # more polls: no cordon follows, no second event
     assert cluster.cordoned() == []

@@ -809,25 +809,27 @@ def _xid_effect(state: dict[str, Any], gpu: dict[str, Any], xid: int) -> None:
 
 
 def cmd_xid(args: argparse.Namespace) -> str:
-    if not 1 <= args.xid <= 1023:
+    if not all(1 <= xid <= 1023 for xid in args.xid):
         raise CtlError("--xid must be 1..1023")
 
     def change(state: dict[str, Any]) -> str:
         gpu = gpu_by_slot(state, args.gpu)
         procs = gpu.get("processes") or []
-        if args.pid is not None:
-            pid, name = str(args.pid), args.name or "python3"
-        elif args.xid in HARDWARE_XIDS or not procs:
-            pid, name = "'<unknown>'", "<unknown>"
-        else:
-            pid, name = str(procs[0]["pid"]), str(procs[0].get("name", "python3"))
-        text = args.text or XID_TEXT.get(args.xid, f"Xid {args.xid}")
-        _kernel_log(state, gpu, args.xid, (pid, name), text)
-        _event(state, gpu, EVENT_XID, args.xid)
-        if not args.log_only:
-            _xid_effect(state, gpu, args.xid)
-        return f"GPU {args.gpu}: Xid {args.xid} logged to {kmsg_path()}" + (
-            "" if args.log_only else " (and its effect on the GPU)"
+        for xid in args.xid:  # several: one burst, logged together as the driver's interrupt handler does
+            if args.pid is not None:
+                pid, name = str(args.pid), args.name or "python3"
+            elif xid in HARDWARE_XIDS or not procs:
+                pid, name = "'<unknown>'", "<unknown>"
+            else:
+                pid, name = str(procs[0]["pid"]), str(procs[0].get("name", "python3"))
+            text = args.text or XID_TEXT.get(xid, f"Xid {xid}")
+            _kernel_log(state, gpu, xid, (pid, name), text)
+            _event(state, gpu, EVENT_XID, xid)
+            if not args.log_only:
+                _xid_effect(state, gpu, xid)
+        shown = ", ".join(map(str, args.xid))
+        return f"GPU {args.gpu}: Xid {shown} logged to {kmsg_path()}" + (
+            "" if args.log_only else " (and the fault's effect on the GPU)"
         )
 
     return _mutate(change)
@@ -991,7 +993,9 @@ def build_parser() -> argparse.ArgumentParser:
         " pending, 64: a remap failure, 79: off the bus, 74: an NVLink down; others: nothing)",
     )
     p.add_argument("--gpu", type=int, required=True)
-    p.add_argument("--xid", type=int, required=True)
+    p.add_argument(
+        "--xid", type=int, required=True, action="append", help="an Xid; repeated: one burst (48, 63, 94)"
+    )
     p.add_argument("--pid", type=int, help="process the record names (default: the GPU's first, or unknown)")
     p.add_argument("--name", help="its name (with --pid)")
     p.add_argument("--text", help="the message after pid= and name= (default: the driver's for that Xid)")
