@@ -164,6 +164,7 @@ def test_gpu_reset_drains_resets_and_returns_the_node_through_uncordon() -> None
         "name": "GPU reset - verify and uncordon",
         "ansible.builtin.import_playbook": "uncordon.yml",
         "vars": {"uncordon_only_gpu_cordon": True},
+        "when": "not ansible_check_mode",
     }
     (play,) = plays[:-1]
     # the driver role's own task files, not a copy (its validate comes with the settings loop)
