@@ -668,9 +668,15 @@ class Agent:
 
 
 def notice_key(health: dict[str, Any]) -> str:
-    """What a notice is about: the action and each GPU's reasons and Xids; a new Xid makes a new notice."""
+    """What a notice is about: the action and each GPU's reasons and Xids; a new Xid that asks for something
+    makes a new notice."""
     gpus = [
-        [g["index"], g.get("action"), g["reasons"], [x.get("seq") for x in g.get("xids", [])]]
+        [
+            g["index"],
+            g.get("action"),
+            g["reasons"],
+            [x.get("seq") for x in g.get("xids", []) if x.get("action") != NONE],  # not an app's Xid
+        ]
         for g in health["gpus"]
         if notifies(g.get("action", NONE))
     ]
