@@ -771,3 +771,21 @@ def test_the_notice_goes_once_a_reset_cleared_the_gpu(
     assert [e["reason"] for e in cluster.events("gpu-node-1")] == ["GPUResetAtNextDrain"]
     agent.xids.close()
     cluster.reset()
+
+
+def test_the_notice_key_ignores_an_applications_xid() -> None:
+    from ansible.module_utils.gpu_health_agent import notice_key
+
+    gpu = {
+        "index": 1,
+        "action": "restart_app",
+        "reasons": ["xid_94"],
+        "xids": [{"seq": 7, "action": "restart_app"}],
+    }
+    health = {"action": "restart_app", "gpus": [gpu]}
+    before = notice_key(health)
+    gpu["xids"].append({"seq": 9, "action": "none"})  # Xid 13 of the application on the same GPU
+    assert notice_key(health) == before
+    gpu["xids"].append({"seq": 11, "action": "restart_app"})  # another contained error: news
+    assert notice_key(health) != before
+    assert notice_key({"action": "none", "gpus": [{**gpu, "action": "none"}]}) == json.dumps(["none", []])
