@@ -146,7 +146,7 @@ def test_contained_error_no_cordon_event_written() -> None:
     assert "Xid 94" in events[0]["message"]
     time.sleep(12)  # more polls of every agent: no cordon follows
     assert cordoned() == []
-    notice = json.loads(annotations("gpu-node-2")[NOTICE])
+    notice = json.loads(wait(lambda: annotations("gpu-node-2").get(NOTICE), timeout=15))
     assert notice["gpu_action"] == "reset_at_drain_window" and notice["gpus"][0]["index"] == 1
     assert 'gpu_health_agent_node_action{node="gpu-node-2",action="reset_at_drain_window"} 1' in metrics(
         "gpu-node-2"
@@ -158,7 +158,8 @@ def test_uncontained_error_the_reset_flow_runs() -> None:
     assert wait(lambda: cordoned() == ["gpu-node-3"], timeout=30), cordoned()
     record = json.loads(annotations("gpu-node-3")[AGENT_CORDON])
     assert record["by"] == "gpu-health-agent" and record["gpu_action"] == "reset_gpu"
-    assert [e["reason"] for e in agent_events("gpu-node-3")] == ["GPUResetNeeded"]
+    # the event follows the cordon's patch
+    assert [e["reason"] for e in wait(lambda: agent_events("gpu-node-3"), timeout=15)] == ["GPUResetNeeded"]
 
     check = playbook("playbooks/remediate/gpu-reset.yml", "-e", "node=gpu-node-3", "--check")
     assert check.rc == 0, check.tail()

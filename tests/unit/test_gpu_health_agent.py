@@ -293,7 +293,8 @@ def test_uncorrectable_ecc_cordons_within_30s_with_reason_annotated(
     assert record["message"] == "GPU 1: ecc_uncorrectable_volatile"
     # no Xid in the kernel log says it was contained: treated as uncontained, a GPU reset
     assert (record["gpu_action"], record["playbook"]) == ("reset_gpu", "playbooks/remediate/gpu-reset.yml")
-    assert [e["reason"] for e in cluster.events("gpu-node-2")] == ["GPUResetNeeded"]
+    # the event follows the cordon's patch
+    assert [e["reason"] for e in wait(lambda: cluster.events("gpu-node-2"))] == ["GPUResetNeeded"]
     assert cluster.held_back() == {}
     metrics = agents["gpu-node-2"].metrics() or ""
     assert 'gpu_health_agent_gpu_reason{gpu="1",reason="ecc_uncorrectable_volatile"} 1' in metrics
@@ -681,7 +682,10 @@ def test_a_contained_error_keeps_the_node_and_writes_an_event(
         == [e["reason"] for e in events]
     )
     assert "Xid 94" in events[0]["message"] and events[0]["involvedObject"]["kind"] == "Node"
-    notice = json.loads(cluster.node("gpu-node-2")["metadata"]["annotations"][NOTICE])
+    # the annotation follows the event
+    notice = json.loads(
+        wait(lambda: (cluster.node("gpu-node-2")["metadata"].get("annotations") or {}).get(NOTICE))
+    )
     assert notice["gpu_action"] == "reset_at_drain_window" and notice["by"] == "gpu-health-agent"
     assert notice["gpus"][0]["index"] == 1 and "xid_94" in notice["gpus"][0]["reasons"]
     metrics = agent.metrics() or ""
@@ -713,7 +717,7 @@ def test_fallen_off_the_bus_cordons_for_a_reboot(cluster: Cluster, agents: dict[
         "reboot_node",
         "playbooks/remediate/node-reboot.yml",
     )
-    assert [e["reason"] for e in cluster.events("gpu-node-1")] == ["GPUNodeRebootNeeded"]
+    assert [e["reason"] for e in wait(lambda: cluster.events("gpu-node-1"))] == ["GPUNodeRebootNeeded"]
     assert (
         "GPU has fallen off the bus" in agents["gpu-node-1"].log.read_text()
     )  # the reason in the node's log
