@@ -17,6 +17,11 @@ description:
     reasons (nothing to do) or for others; and the merge patch (cordon + annotations) for each to cordon."
   - "O(action=uncordon): for O(node), the merge patch that uncordons it and removes the cordon annotation,
     appending to the annotation history; refused (no patch) while O(health) is unhealthy unless O(force)."
+  - "O(action=maintenance): a remediation playbook's own work on O(node) (O(what): a GPU reset, a reboot):
+    the merge patch that cordons it with the record (the O(gpus) it works on, their reasons, the action
+    gpu_health names) and a history entry; for a node cordoned already only the history entry; refused (no
+    patch) for the last schedulable GPU node. A human runs these playbooks, so the breaker's share does not
+    apply; the last schedulable node rule does."
   - Computes only; it changes nothing (the playbook applies the patches with kubernetes.core.k8s), so it
     reports C(changed=false) and runs the same in check mode.
 version_added: "0.1.0"
@@ -25,7 +30,7 @@ options:
   action:
     description: What to decide.
     type: str
-    choices: [cordon, uncordon]
+    choices: [cordon, uncordon, maintenance]
     required: true
   nodes:
     description: The GPU Node objects (as kubernetes.core.k8s_info returns them).
@@ -34,13 +39,23 @@ options:
     required: true
   health:
     description:
-      - C(gpu_health) results by node name. For O(action=uncordon), the result for O(node) (a dict with
-        C(verdict) and C(msg)).
+      - C(gpu_health) results by node name. For O(action=uncordon) and O(action=maintenance), the result for
+        O(node) (a dict with C(verdict) and C(msg); C(gpus) and C(action) for maintenance).
     type: dict
     required: true
   node:
-    description: The node to uncordon (O(action=uncordon)).
+    description: The node to uncordon (O(action=uncordon)) or to work on (O(action=maintenance)).
     type: str
+  gpus:
+    description: NVML indexes of the GPUs the work is on (O(action=maintenance)).
+    type: list
+    elements: int
+    default: []
+  what:
+    description: The work, written into the history (O(action=maintenance)).
+    type: str
+    choices: [reset, reboot]
+    default: reset
   force:
     description: Uncordon even though the node is unhealthy now; recorded in the history annotation.
     type: bool
@@ -133,8 +148,8 @@ cordoned_before:
   elements: str
 patches:
   description:
-    - Merge patches by node name (O(action=cordon)), or the one patch for O(node) (O(action=uncordon);
-      null when refused or nothing to do).
+    - Merge patches by node name (O(action=cordon)), or the one patch for O(node) (O(action=uncordon) and
+      O(action=maintenance); null when refused or nothing to do).
   returned: always
   type: raw
 records:
@@ -142,8 +157,10 @@ records:
   returned: action is cordon
   type: dict
 refused:
-  description: Whether the uncordon was refused because the node is unhealthy now.
-  returned: action is uncordon
+  description: >-
+    Whether the uncordon was refused because the node is unhealthy now, or the maintenance because the node
+    is the last schedulable GPU node.
+  returned: action is uncordon or maintenance
   type: bool
 msg:
   description: One-line summary of the decision.
@@ -159,6 +176,7 @@ from ansible.module_utils.gpu_breaker import (
     CORDON_ANNOTATION,
     HISTORY_ANNOTATION,
     cordon_patches,
+    maintenance_patch,
     uncordon_patch,
 )
 
@@ -166,15 +184,17 @@ from ansible.module_utils.gpu_breaker import (
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
-            "action": {"type": "str", "choices": ["cordon", "uncordon"], "required": True},
+            "action": {"type": "str", "choices": ["cordon", "uncordon", "maintenance"], "required": True},
             "nodes": {"type": "list", "elements": "dict", "required": True},
             "health": {"type": "dict", "required": True},
             "node": {"type": "str"},
             "force": {"type": "bool", "default": False},
             "by": {"type": "str", "required": True},
             "max_cordoned_percent": {"type": "int", "default": 34},
+            "gpus": {"type": "list", "elements": "int", "default": []},
+            "what": {"type": "str", "choices": ["reset", "reboot"], "default": "reset"},
         },
-        required_if=[("action", "uncordon", ["node"])],
+        required_if=[("action", "uncordon", ["node"]), ("action", "maintenance", ["node"])],
         supports_check_mode=True,
     )
     p = module.params
@@ -203,6 +223,10 @@ def main() -> None:
     by_name = {n["metadata"]["name"]: n for n in p["nodes"]}
     if p["node"] not in by_name:
         module.fail_json(msg=f"node: {p['node']} is not among the GPU nodes ({', '.join(sorted(by_name))})")
+    if p["action"] == "maintenance":
+        args = (p["nodes"], p["node"], p["health"], p["gpus"], p["what"], p["by"], time)
+        patch, why = maintenance_patch(*args)
+        module.exit_json(**common, patches=patch, refused=patch is None, msg=why)
     patch, why = uncordon_patch(by_name[p["node"]], p["health"], p["by"], time, p["force"])
     module.exit_json(**common, patches=patch, refused=why.startswith("refused"), msg=why)
 

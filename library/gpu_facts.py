@@ -161,6 +161,23 @@ ansible_facts:
                 uncorrectable: {description: Rows remapped for uncorrectable errors., type: int}
                 pending: {description: A remap waits for a GPU reset., type: bool}
                 failure: {description: A remap failed; the GPU needs replacing., type: bool}
+                histogram:
+                  description: >-
+                    Memory banks by the spare rows they have left (nvmlDeviceGetRowRemapperHistogram); null
+                    where the driver does not report it.
+                  type: dict
+                  contains:
+                    max: {description: Banks with all their spare rows., type: int}
+                    high: {description: Banks with most of them., type: int}
+                    partial: {description: Banks with some., type: int}
+                    low: {description: Banks with few., type: int}
+                    none: {description: Banks with none left (the next remap there fails)., type: int}
+            recovery_action:
+              description: >-
+                NVML's recovery action flag (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION; 0 none, 1 GPU reset, 2 node
+                reboot, 3 drain peer-to-peer, 4 drain and reset); null where the driver does not report it
+                (before R565, as the 535 branch).
+              type: int
             retired_pages:
               description: Page retirement on GPUs that retire pages; null on GPUs that remap rows (A100).
               type: dict

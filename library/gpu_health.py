@@ -6,26 +6,36 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: gpu_health
-short_description: Health verdict for a node's NVIDIA GPUs, the input for cordoning
+short_description: Health verdict and action for a node's NVIDIA GPUs, from NVML and the kernel log's Xids
 description:
-  - Reads every GPU through NVML (C(pynvml) of C(nvidia-ml-py)) and gives each GPU, and the node, a verdict
-    C(healthy), C(degraded) or C(unhealthy) with reason codes. The node's verdict is its worst GPU's or
-    node-level reason's. Never changes anything; it is the input for cordoning and draining nodes.
-  - "Reasons that make a GPU C(unhealthy): C(ecc_uncorrectable_volatile) (uncorrectable ECC errors since the
-    driver loaded: data was lost), C(row_remap_pending) (a GPU reset is needed before the bad row is
-    retired), C(row_remap_failure) (no spare rows left: replace the GPU), C(retired_pages_pending) (on GPUs
-    that retire pages: reset needed), C(gpu_lost) (NVML_ERROR_GPU_IS_LOST, fell off the bus), C(nvml_error)
-    (the GPU or the driver cannot be read, including a driver/library version mismatch). Node level:
-    C(gpu_missing) (fewer GPUs than O(expected_gpu_count))."
-  - "Reasons that make a GPU C(degraded): C(ecc_corrected_over_threshold) (more corrected errors since the
-    driver loaded than O(corrected_errors_threshold)), C(temperature_slowdown) (at or above the slowdown
-    temperature), C(ecc_disabled), C(nvlink_inactive) (a link down). Node level: C(gpu_count_unexpected)
-    (more GPUs than expected)."
+  - Reads every GPU through NVML (C(pynvml) of C(nvidia-ml-py)) and the Xids the driver wrote to the kernel
+    log, and gives each GPU, and the node, a verdict C(healthy), C(degraded) or C(unhealthy), an action, and
+    reason codes. The node's verdict and action are its worst GPU's or node-level reason's. Never changes
+    anything; it is the input for cordoning, resetting and rebooting (the GPU health agent and
+    playbooks/remediate/).
+  - "Actions, least first (module_utils/gpu_xid.py, from NVIDIA's Xid catalog and A100 memory error rules):
+    C(none); C(restart_app) (the application that hit the error restarts, the node stays in service);
+    C(reset_at_drain_window) (work goes on, reset the GPU at the next drain window); C(drain_p2p),
+    C(reset_gpu), C(drain_and_reset) (cordon, drain the pods using the GPU, and its NVLink peers' for the
+    drain actions, reset it: playbooks/remediate/gpu-reset.yml); C(reboot_node)
+    (playbooks/remediate/node-reboot.yml); C(repair) (the node stays cordoned: the GPU is replaced). An action
+    from C(drain_p2p) on makes the GPU C(unhealthy), C(restart_app) and C(reset_at_drain_window) C(degraded)."
+  - "GPU reasons: C(ecc_uncorrectable_volatile) (uncorrectable ECC errors since the driver loaded: contained
+    by Xid 94, restart_app; uncontained by Xid 95, or neither Xid nor NVML recovery action readable,
+    reset_gpu), C(row_remap_pending) (reset_at_drain_window), C(row_remap_failure) (repair),
+    C(row_remap_spares_exhausted) (a bank without spare rows: degraded), C(retired_pages_pending)
+    (reset_at_drain_window), C(nvml_recovery_action) (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, drivers R565 and
+    later), C(gpu_lost) (reboot_node), C(nvml_error), C(xid_<n>) (a burst of Xids of the GPU, judged by the
+    Xid table: the Xid that decided it). Degraded only: C(ecc_corrected_over_threshold),
+    C(temperature_slowdown), C(ecc_disabled), C(nvlink_inactive). Node level: C(gpu_missing) (reboot_node),
+    C(gpu_count_unexpected), C(kernel_log_unreadable), C(nvml_error), and C(xid_<n>) for a GPU NVML no longer
+    names."
   - Corrected ECC errors alone are not a failure. ECC corrected them and the data arrived intact; on A100
     the GPU also remaps the row, so memory heals itself. Cordoning on any non-zero ECC count (as
-    C(nvidia-smi -q | grep) scripts do) takes healthy GPUs out of service. What matters is an uncorrectable
-    error since the driver loaded and a pending or failed remap. Old uncorrectable errors in the aggregate
-    (lifetime) counter whose rows were remapped are history, not a verdict.
+    C(nvidia-smi -q | grep) scripts do) takes healthy GPUs out of service. Old uncorrectable errors in the
+    aggregate (lifetime) counter whose rows were remapped are history, not a verdict. Application Xids (13,
+    31, 43, 45 among others) never make a GPU unhealthy.
+  - A GPU reset (module gpu_reset) clears the GPU's Xids so far; a reboot empties the kernel log.
 version_added: "0.1.0"
 author: "A100 LLM platform team"
 options:
@@ -39,6 +49,12 @@ options:
       - A GPU with more volatile (since the driver loaded) corrected ECC errors than this is C(degraded)
         (C(ecc_corrected_over_threshold)). Not checked when omitted.
     type: int
+  kernel_log:
+    description:
+      - Where the Xids are read, C(/dev/kmsg) (needs root or CAP_SYSLOG) or a file of C(/dev/kmsg) records
+        (the lab's, which shares one kernel among its nodes). Empty does not read Xids.
+    type: str
+    default: /dev/kmsg
   fail_on_unhealthy:
     description:
       - Fail the task when the node's verdict is C(unhealthy). A C(degraded) node never fails the task.
@@ -56,8 +72,11 @@ notes:
   - When NVML cannot start at all (driver not installed, driver/library version mismatch), the module does
     not fail unless O(fail_on_unhealthy) is set; it returns C(unhealthy) with node reason C(nvml_error) and
     the actionable message, since such a node cannot run GPU work.
+  - A kernel log that cannot be read is a C(degraded) node reason, not a failure; an uncorrectable error is
+    then judged as uncontained.
 seealso:
   - module: gpu_facts
+  - module: gpu_reset
 """
 
 EXAMPLES = r"""
@@ -77,6 +96,11 @@ EXAMPLES = r"""
     expected_gpu_count: 4
     fail_on_unhealthy: true
 
+- name: What to run for it
+  ansible.builtin.debug:
+    msg: "{{ gpu_health.action }}: {{ gpu_health.playbook }}"
+  when: gpu_health.action != 'none'
+
 # Ad hoc:
 #   ansible -i inventories/lab gpu_nodes -m gpu_health -a expected_gpu_count=4
 """
@@ -93,8 +117,27 @@ healthy:
   returned: always
   type: bool
   sample: false
+action:
+  description: The node's action, its worst GPU's or node-level reason's.
+  returned: always
+  type: str
+  choices:
+    [none, restart_app, reset_at_drain_window, drain_p2p, reset_gpu, drain_and_reset, reboot_node, repair]
+  sample: reset_gpu
+playbook:
+  description: The remediation playbook that carries the action out (empty for none and restart_app).
+  returned: always
+  type: str
+  sample: playbooks/remediate/gpu-reset.yml
+xids:
+  description: Xids (not cleared by a reset) of GPUs NVML does not name, as in RV(gpus[].xids).
+  returned: always
+  type: list
+  elements: dict
 reasons:
-  description: Node-level reason codes (C(gpu_missing), C(gpu_count_unexpected), C(nvml_error)).
+  description: >-
+    Node-level reason codes (C(gpu_missing), C(gpu_count_unexpected), C(nvml_error), C(kernel_log_unreadable),
+    C(xid_<n>)).
   returned: always
   type: list
   elements: str
@@ -114,8 +157,19 @@ gpus:
     uuid: {description: GPU UUID (null if unreadable)., type: str}
     pci_bus_id: {description: PCI bus id (null if unreadable)., type: str}
     verdict: {description: "C(healthy), C(degraded) or C(unhealthy).", type: str, sample: unhealthy}
+    action: {description: The GPU's action (see RV(action))., type: str, sample: reset_gpu}
     reasons: {description: Reason codes., type: list, elements: str, sample: [ecc_uncorrectable_volatile]}
     messages: {description: Human-readable findings., type: list, elements: str}
+    xids:
+      description: The GPU's Xids in the kernel log that no reset has cleared, oldest first.
+      type: list
+      elements: dict
+      contains:
+        xid: {description: The Xid., type: int, sample: 95}
+        mnemonic: {description: "The catalog's mnemonic (UNKNOWN when not in the table).", type: str}
+        action: {description: The table's action for this Xid alone., type: str, sample: reset_gpu}
+        seq: {description: The kernel log's record number (null from sources without one)., type: int}
+        text: {description: "The driver's message, from C(NVRM: Xid) on.", type: str}
 gpu_count:
   description: GPUs NVML enumerates (null when NVML cannot start).
   returned: always
@@ -137,7 +191,8 @@ from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.gpu_health_rules import HEALTHY, UNHEALTHY
-from ansible.module_utils.gpu_node_health import assess_node
+from ansible.module_utils.gpu_kernel_log import DEFAULT_KERNEL_LOG
+from ansible.module_utils.gpu_node_health import assess_node, read_xids
 from ansible.module_utils.nvml_session import require_pynvml
 
 
@@ -149,7 +204,15 @@ def summarise(verdict: str, node_reasons: list[str], gpus: list[dict[str, Any]])
 
 def assess(module: AnsibleModule, nvml: Any) -> dict[str, Any]:
     params = module.params
-    node = assess_node(nvml, params["expected_gpu_count"], params["corrected_errors_threshold"])
+    events, log_error = read_xids(params["kernel_log"])
+    node = assess_node(
+        nvml,
+        params["expected_gpu_count"],
+        params["corrected_errors_threshold"],
+        events,
+        kernel_log_error=log_error,
+    )
+    node.pop("settled")  # every burst is judged as final here (the agent waits for late containment Xids)
     return {
         "changed": False,
         **node,
@@ -163,6 +226,7 @@ def main() -> None:
         argument_spec={
             "expected_gpu_count": {"type": "int"},
             "corrected_errors_threshold": {"type": "int"},
+            "kernel_log": {"type": "str", "default": DEFAULT_KERNEL_LOG},
             "fail_on_unhealthy": {"type": "bool", "default": False},
         },
         supports_check_mode=True,

@@ -90,6 +90,9 @@ def plan(
 # write them (module gpu_cordon_plan returns them).
 CORDON_ANNOTATION = "gpu-health.llm-platform.io/cordon"
 HISTORY_ANNOTATION = "gpu-health.llm-platform.io/history"
+# A GPU fault that keeps the node in service (restart the application, reset at the next drain window): what
+# the agent saw, JSON like the cordon annotation's; the agent removes it once the GPU needs nothing.
+NOTICE_ANNOTATION = "gpu-health.llm-platform.io/notice"
 HISTORY_LENGTH = 20
 # On the breaker Lease: JSON {node: {why, time, by}} of the unhealthy nodes the breaker holds back now
 # (the agents and ecc-cordon.yml write it while they hold the Lease; a node's entry goes once it is
@@ -167,18 +170,23 @@ def lease_released(
 
 
 def cordon_record(by: str, health: Mapping[str, Any], time: str) -> dict[str, Any]:
-    """The cordon annotation's content: who, when, the reason codes and the GPUs (index and UUID)."""
+    """The cordon annotation's content: who, when, the reason codes, the GPUs (index and UUID), the action
+    gpu_health names for the node and the playbook that carries it out (module_utils/gpu_xid.py)."""
     bad = [g for g in health.get("gpus", []) if g.get("verdict") == "unhealthy"]
     reasons = sorted({r for g in bad for r in g.get("reasons", [])} | set(health.get("reasons", [])))
     gpus = [{"index": g.get("index"), "uuid": g.get("uuid")} for g in bad]
     where = ", ".join(f"GPU {g['index']}" for g in gpus) or "node"
-    return {
+    record = {
         "by": by,
         "time": time,
         "reasons": reasons,
         "gpus": gpus,
         "message": f"{where}: {', '.join(reasons)}",
     }
+    # "gpu_action": the history's entries have an "action" of their own (cordon, uncordon)
+    if health.get("action"):
+        record.update(gpu_action=health["action"], playbook=health.get("playbook", ""))
+    return record
 
 
 def history_with(current: str | None, action: str, record: Mapping[str, Any]) -> str:
@@ -289,3 +297,54 @@ def uncordon_patch(
         "spec": {"unschedulable": None},
     }
     return patch, f"{action}: gpu_health says {verdict}"
+
+
+def maintenance_patch(
+    nodes: Iterable[Mapping[str, Any]],
+    name: str,
+    health: Mapping[str, Any],
+    gpus: Iterable[int],
+    what: str,
+    by: str,
+    time: str,
+) -> tuple[dict[str, Any] | None, str]:
+    """A playbook's own work on a node (a GPU reset, a reboot): the merge patch that cordons it with the
+    record (the GPUs it works on, their reasons, gpu_health's action) and a history entry ``what``, or None
+    with why (the node is cordoned already: only the history entry; the last schedulable GPU node: refused).
+    """
+    by_name = {n["metadata"]["name"]: n for n in nodes}
+    node = by_name[name]
+    annotations = (node.get("metadata") or {}).get("annotations") or {}
+    wanted = set(gpus)
+    chosen = [g for g in health.get("gpus", []) if g.get("index") in wanted]
+    reasons = sorted({r for g in chosen for r in g.get("reasons", [])} | set(health.get("reasons", [])))
+    where = ", ".join(f"GPU {g['index']}" for g in chosen) or "node"
+    record = {
+        "by": by,
+        "time": time,
+        "reasons": reasons,
+        "gpus": [{"index": g.get("index"), "uuid": g.get("uuid")} for g in chosen],
+        "message": f"{where}: {what} ({', '.join(reasons) or 'no GPU health reason'})",
+        "gpu_action": health.get("action", ""),
+        "playbook": by,
+    }
+    history = history_with(annotations.get(HISTORY_ANNOTATION), what, record)
+    if (node.get("spec") or {}).get("unschedulable"):
+        return {
+            "metadata": {"annotations": {HISTORY_ANNOTATION: history}}
+        }, f"{name} is cordoned already: {what}"
+    others = [
+        n for n, item in by_name.items() if n != name and not (item.get("spec") or {}).get("unschedulable")
+    ]
+    if not others:
+        return None, f"refused: {name} is the last schedulable GPU node; {what} it when another one is back"
+    patch = {
+        "metadata": {
+            "annotations": {
+                CORDON_ANNOTATION: json.dumps(record, sort_keys=True),
+                HISTORY_ANNOTATION: history,
+            }
+        },
+        "spec": {"unschedulable": True},
+    }
+    return patch, f"cordon {name} for the {what}: {record['message']}"

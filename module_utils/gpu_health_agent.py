@@ -1,12 +1,23 @@
 """GPU health agent: a small service on every GPU node (role gpu_health_agent).
 
 Every ``poll_interval`` seconds (sooner when NVML reports an Xid or a double-bit ECC event, where the
-driver supports events) it reads the GPUs through NVML, judges them with the rules of ``gpu_health``
-(module_utils/gpu_health_rules.py: one implementation), serves the verdicts as Prometheus metrics, and
-when its node turns unhealthy it cordons the node (spec.unschedulable) and annotates it (reason codes,
-GPUs, time). It never uncordons: a human runs playbooks/remediate/uncordon.yml. Its token may get, list and
-patch nodes and read and update its Lease, nothing else: no Node events (ecc-cordon.yml, run by a human
-with the admin kubeconfig, posts those); the annotation, the Lease and the metrics say what it did.
+driver supports events) it reads the GPUs through NVML and the Xids the driver wrote to the kernel log since
+the last reading, judges them with the rules of ``gpu_health`` (module_utils/gpu_node_health.py: one
+implementation; the Xid table is module_utils/gpu_xid.py), serves the verdicts and actions as Prometheus
+metrics, and acts on the node's action:
+
+* an action that takes the node out of service (drain_p2p, reset_gpu, drain_and_reset, reboot_node, repair):
+  it cordons the node (spec.unschedulable) within the circuit breaker, annotates it (reason codes, GPUs,
+  time, the action and the playbook that carries it out), writes the reason to its journal (the node's log)
+  and posts a Node Event;
+* a notice (restart_app: the application that hit a contained error restarts; reset_at_drain_window: a
+  pending row remap waits for the next reset): the notice annotation and a Node Event, once per new finding
+  (the last one is kept in its state directory, so a restart does not repeat it); the node stays in service;
+* none (an application's own Xid): metrics only.
+
+It never uncordons, resets or reboots: a human runs playbooks/remediate/uncordon.yml, gpu-reset.yml or
+node-reboot.yml. Its token may get, list and patch nodes, read and update its Lease and create Events in
+namespace default, nothing else.
 
 The circuit breaker (module_utils/gpu_breaker.py) is shared by all agents and ecc-cordon.yml through one
 coordination.k8s.io Lease: an agent takes the Lease (optimistic concurrency on resourceVersion), lists the
@@ -30,6 +41,7 @@ import datetime as dt
 import http.client
 import json
 import logging
+import os
 import signal
 import ssl
 import sys
@@ -45,6 +57,7 @@ from ansible.module_utils.gpu_breaker import (
     CORDON_ANNOTATION,
     DEFAULT_MAX_CORDONED_PERCENT,
     HISTORY_ANNOTATION,
+    NOTICE_ANNOTATION,
     cordon_record,
     history_with,
     lease_live_holder,
@@ -53,7 +66,16 @@ from ansible.module_utils.gpu_breaker import (
     plan,
 )
 from ansible.module_utils.gpu_health_rules import DEGRADED, HEALTHY, UNHEALTHY
+from ansible.module_utils.gpu_kernel_log import (
+    DEFAULT_KERNEL_LOG,
+    KernelLog,
+    load_cleared,
+    read_boot_scoped,
+    uncleared,
+    write_boot_scoped,
+)
 from ansible.module_utils.gpu_node_health import assess_node
+from ansible.module_utils.gpu_xid import ACTIONS, NONE, XidEvent, cordons, notifies
 
 LOG = logging.getLogger("gpu-health-agent")
 AGENT = "gpu-health-agent"
@@ -62,6 +84,18 @@ VERDICTS = (HEALTHY, DEGRADED, UNHEALTHY)
 NVML_EVENT_DOUBLE_BIT_ECC = 0x2
 NVML_EVENT_XID_CRITICAL = 0x8
 NVML_ERROR_TIMEOUT = 10
+# Node Events: namespace (a cluster-scoped object's events live in default) and reason per action
+EVENTS_NAMESPACE = "default"
+EVENT_REASONS = {
+    "restart_app": "GPUApplicationRestart",
+    "reset_at_drain_window": "GPUResetAtNextDrain",
+    "drain_p2p": "GPUDrainPeerToPeer",
+    "reset_gpu": "GPUResetNeeded",
+    "drain_and_reset": "GPUDrainAndReset",
+    "reboot_node": "GPUNodeRebootNeeded",
+    "repair": "GPURepairNeeded",
+}
+XIDS_KEPT = 2000  # Xids read since the agent started (those a reset has not cleared), at most
 
 
 # --------------------------------------------------------------------------------------------- config
@@ -84,6 +118,9 @@ class Config:
     metrics_port: int = 9445
     lease_duration: int = 15
     dry_run: bool = False
+    # where the Xids are read (module_utils/gpu_kernel_log.py) and where the last notice is kept
+    kernel_log: str = DEFAULT_KERNEL_LOG
+    state_dir: str = "/var/lib/gpu-health-agent"
 
     @classmethod
     def load(cls, path: str) -> Config:
@@ -106,9 +143,58 @@ class Config:
 # ------------------------------------------------------------------------------------------ NVML side
 
 
-def assess(nvml: ModuleType, expected_gpu_count: int | None, threshold: int | None) -> dict[str, Any]:
-    """The node's verdict exactly as the gpu_health module computes it (module_utils/gpu_node_health)."""
-    return assess_node(nvml, expected_gpu_count, threshold)
+def assess(
+    nvml: ModuleType,
+    expected_gpu_count: int | None,
+    threshold: int | None,
+    xids: list[XidEvent] | None = None,
+    now_usec: int | None = None,
+    kernel_log_error: str | None = None,
+) -> dict[str, Any]:
+    """The node's verdict and action exactly as the gpu_health module computes them (gpu_node_health)."""
+    return assess_node(nvml, expected_gpu_count, threshold, xids or [], now_usec, kernel_log_error)
+
+
+class XidWatch:
+    """The Xids of the kernel log, read incrementally; those a GPU reset cleared are dropped. ``now_usec()``
+    is the log's own clock now (the last record's time plus the time since it was read), against which a
+    burst still waiting for its containment Xid is measured."""
+
+    def __init__(self, path: str) -> None:
+        self.log = KernelLog(path) if path else None
+        self.events: list[XidEvent] = []
+        self.error: str | None = None
+        self.read_total = 0
+        self._last_usec: int | None = None
+        self._read_at = 0.0
+
+    def read(self) -> list[XidEvent]:
+        if self.log is None:
+            return []
+        try:
+            new = self.log.read_new()
+            self.error = None
+        except OSError as exc:
+            self.error = f"{self.log.path}: {exc.strerror or exc}"
+            return []
+        if self.log.restarted:  # a new boot's log (the lab's reboot): the Xids read before are gone
+            self.events, self.log.restarted = [], False
+        self.read_total += len(new)
+        for event in new:
+            LOG.warning("kernel log: %s (%s, action %s)", event.text, event.rule.mnemonic, event.rule.action)
+            if event.usec is not None:
+                self._last_usec, self._read_at = event.usec, time.monotonic()
+        self.events = uncleared([*self.events, *new][-XIDS_KEPT:], load_cleared())
+        return new
+
+    def now_usec(self) -> int | None:
+        if self._last_usec is None:
+            return None
+        return self._last_usec + int((time.monotonic() - self._read_at) * 1_000_000)
+
+    def close(self) -> None:
+        if self.log is not None:
+            self.log.close()
 
 
 class NvmlEvents:
@@ -291,6 +377,8 @@ class State:
     cordoned: bool = False
     cordoned_at: float = 0.0
     held_back: str = ""
+    notices: int = 0
+    xids_seen: dict[int, int] = field(default_factory=dict)
 
 
 class Agent:
@@ -304,24 +392,102 @@ class Agent:
         self.lease = BreakerLease(
             api, config.lease_namespace, config.lease_name, config.node_name, config.lease_duration
         )
+        self.xids = XidWatch(config.kernel_log)
+        self.notice_file = os.path.join(config.state_dir, "notice.json")
 
     # one poll: read, judge, act
     def poll(self) -> None:
-        health = assess(self.nvml, self.config.expected_gpu_count, self.config.corrected_errors_threshold)
+        new = self.xids.read()
+        health = assess(
+            self.nvml,
+            self.config.expected_gpu_count,
+            self.config.corrected_errors_threshold,
+            self.xids.events,
+            self.xids.now_usec(),
+            self.xids.error,
+        )
         with self.lock:
             self.state.health = health
             self.state.polls += 1
             self.state.last_poll = time.time()
+            for event in new:
+                self.state.xids_seen[event.xid] = self.state.xids_seen.get(event.xid, 0) + 1
+        if not health.get("settled", True):
+            LOG.info("an Xid burst may still get its containment Xid (94/95): deciding on the next poll")
+            return
         try:
-            if health["verdict"] != UNHEALTHY:
+            if not cordons(health.get("action", NONE)) and health["verdict"] != UNHEALTHY:
                 if self.state.held_back:
                     self.forget_held_back(health)
+                self.notice(health)
                 return
             self.act_on_unhealthy(health)
         except (ApiError, OSError, ValueError) as exc:
             with self.lock:
                 self.state.api_errors += 1
             LOG.error("API: %s", exc)
+
+    # ------------------------------------------------------------------ notices: the node stays in service
+    def notice(self, health: dict[str, Any]) -> None:
+        """A restart_app / reset_at_drain_window finding: the notice annotation and a Node Event, once per
+        new finding; the annotation goes once the GPUs need nothing any more."""
+        action = health.get("action", NONE)
+        key = notice_key(health) if notifies(action) else ""
+        last = read_boot_scoped(self.notice_file).get("key", "")
+        if key == last:
+            return
+        me = self.config.node_name
+        if self.config.dry_run:
+            LOG.warning("dry run: would post a notice for %s (%s)", me, summary(health))
+            return
+        node = self.api.request("GET", self.node_path(me))
+        if key:
+            record = cordon_record(AGENT, health, rfc3339(now_utc()))
+            record["gpus"] = [
+                {"index": g["index"], "uuid": g["uuid"], "action": g["action"], "reasons": g["reasons"]}
+                for g in health["gpus"]
+                if notifies(g.get("action", NONE))
+            ]
+            record["message"] = "; ".join(
+                m for g in health["gpus"] if notifies(g.get("action", NONE)) for m in g["messages"]
+            )
+            annotations: dict[str, str | None] = {NOTICE_ANNOTATION: json.dumps(record, sort_keys=True)}
+            self.post_event(node, action, record["message"])
+            LOG.warning("notice for %s (%s): %s", me, action, record["message"])
+            with self.lock:
+                self.state.notices += 1
+        else:
+            annotations = {NOTICE_ANNOTATION: None}
+            LOG.info("node %s needs no GPU action any more: notice removed", me)
+        if key or NOTICE_ANNOTATION in (node["metadata"].get("annotations") or {}):
+            patch = {"metadata": {"annotations": annotations}}
+            self.api.request("PATCH", self.node_path(me), patch, "application/merge-patch+json")
+        write_boot_scoped(self.notice_file, {"key": key})
+
+    def post_event(self, node: dict[str, Any], action: str, message: str) -> None:
+        moment = rfc3339(now_utc())
+        name = node["metadata"]["name"]
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{name}.gpu-health-", "namespace": EVENTS_NAMESPACE},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "name": name,
+                "uid": node["metadata"].get("uid", ""),
+            },
+            "reason": EVENT_REASONS.get(action, "GPUHealth"),
+            "type": "Warning",
+            "message": f"{action}: {message}"[:1000],
+            "source": {"component": AGENT, "host": name},
+            "firstTimestamp": moment,
+            "lastTimestamp": moment,
+            "count": 1,
+            "reportingComponent": AGENT,
+            "reportingInstance": name,
+        }
+        self.api.request("POST", f"/api/v1/namespaces/{EVENTS_NAMESPACE}/events", event)
 
     def forget_held_back(self, health: dict[str, Any]) -> None:
         """Healthy again after the breaker held it back: drop its name from the Lease."""
@@ -391,7 +557,14 @@ class Agent:
             self.state.cordoned = True
             self.state.cordoned_at = time.time()
             self.state.held_back = ""
-        LOG.warning("cordoned %s: %s", me, record["message"])
+        action = record.get("gpu_action", "")
+        LOG.warning(
+            "cordoned %s: %s; action %s: %s", me, record["message"], action, record.get("playbook", "")
+        )
+        try:
+            self.post_event(node, action, f"cordoned: {record['message']}; run {record.get('playbook', '')}")
+        except ApiError as exc:  # the cordon and its annotation are what count
+            LOG.warning("could not post the Node event (%s)", exc)
 
     def hold_back(self, why: str, health: dict[str, Any]) -> None:
         me = self.config.node_name
@@ -416,6 +589,7 @@ class Agent:
                     LOG.warning("%s: checking the GPUs now", woke)
         finally:
             events.close()
+            self.xids.close()
 
     # metrics
     def metrics(self) -> str:
@@ -450,6 +624,27 @@ class Agent:
                     lines.append(f'gpu_health_agent_gpu_reason{{gpu="{gpu["index"]}",reason="{reason}"}} 1')
             for reason in health["reasons"]:
                 lines.append(f'gpu_health_agent_gpu_reason{{gpu="node",reason="{reason}"}} 1')
+            lines += [
+                "# HELP gpu_health_agent_node_action The node's action (1 for the current one).",
+                "# TYPE gpu_health_agent_node_action gauge",
+            ]
+            lines += [
+                f'gpu_health_agent_node_action{{node="{self.config.node_name}",action="{a}"}} '
+                f"{int(health.get('action', NONE) == a)}"
+                for a in ACTIONS
+            ]
+            lines += [
+                "# HELP gpu_health_agent_xids_total Xids read from the kernel log, by Xid.",
+                "# TYPE gpu_health_agent_xids_total counter",
+            ]
+            lines += [f'gpu_health_agent_xids_total{{xid="{x}"}} {n}' for x, n in sorted(s.xids_seen.items())]
+            lines += [
+                "# HELP gpu_health_agent_kernel_log_readable 0 when the kernel log (Xids) cannot be read.",
+                "# TYPE gpu_health_agent_kernel_log_readable gauge",
+                f"gpu_health_agent_kernel_log_readable {int(self.xids.error is None)}",
+                "# TYPE gpu_health_agent_notices_total counter",
+                f"gpu_health_agent_notices_total {s.notices}",
+            ]
             held = _escape(s.held_back)
             lines += [
                 "# HELP gpu_health_agent_cordoned Whether the node is cordoned (seen or done by the agent).",
@@ -470,6 +665,22 @@ class Agent:
                 f"gpu_health_agent_last_poll_timestamp_seconds {s.last_poll:.3f}",
             ]
         return "\n".join(lines) + "\n"
+
+
+def notice_key(health: dict[str, Any]) -> str:
+    """What a notice is about: the action and each GPU's reasons and Xids; a new Xid that asks for something
+    makes a new notice."""
+    gpus = [
+        [
+            g["index"],
+            g.get("action"),
+            g["reasons"],
+            [x.get("seq") for x in g.get("xids", []) if x.get("action") != NONE],  # not an app's Xid
+        ]
+        for g in health["gpus"]
+        if notifies(g.get("action", NONE))
+    ]
+    return json.dumps([health.get("action"), gpus], sort_keys=True)
 
 
 def _escape(text: str) -> str:

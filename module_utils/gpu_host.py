@@ -145,3 +145,54 @@ def nvswitch_pci_devices(pci_devices_dir: str | None = None) -> list[str]:
         if vendor.strip() == NVIDIA_PCI_VENDOR and device_class.strip().startswith(NVSWITCH_PCI_CLASS):
             switches.append(name)
     return switches
+
+
+def _visible_devices(proc_dir: str) -> str | None:
+    """NVIDIA_VISIBLE_DEVICES of the process (what the device plugin gave its container), None if unset."""
+    try:
+        with open(os.path.join(proc_dir, "environ"), "rb") as f:
+            environ = f.read()
+    except OSError:
+        return None
+    for entry in environ.split(b"\0"):
+        if entry.startswith(b"NVIDIA_VISIBLE_DEVICES="):
+            return entry.split(b"=", 1)[1].decode("utf-8", "replace")
+    return None
+
+
+def gpu_pods(proc_root: str | None = None) -> dict[str, dict[str, Any]]:
+    """The Kubernetes pods on this node that use GPUs, by pod uid: ``visible`` (the GPUs of their
+    containers' NVIDIA_VISIBLE_DEVICES, as the device plugin set it: UUIDs, indexes or ``all``), ``devices``
+    (the /dev/nvidia<minor> their processes hold open) and ``pids``. A pod that was given a GPU but has not
+    opened it yet is found by the first; one using a GPU it was not given (a privileged container) by the
+    second. Needs root to read other users' processes."""
+    proc_root = proc_root or PROC_ROOT
+    try:
+        entries = os.listdir(proc_root)
+    except OSError:
+        return {}
+    pods: dict[str, dict[str, Any]] = {}
+    for entry in sorted((e for e in entries if e.isdigit()), key=int):
+        proc_dir = os.path.join(proc_root, entry)
+        _, pod_uid = unit_and_pod(proc_dir)
+        if pod_uid is None:
+            continue
+        visible = _visible_devices(proc_dir)
+        devices = [d for d in _held_devices(proc_dir) if re.fullmatch(r"/dev/nvidia\d+", d)]
+        if not visible and not devices:
+            continue
+        pod = pods.setdefault(pod_uid, {"visible": [], "devices": [], "pids": []})
+        for item in (visible or "").split(","):
+            if item.strip() and item.strip() not in pod["visible"]:
+                pod["visible"].append(item.strip())
+        pod["devices"] = sorted(set(pod["devices"]) | set(devices))
+        pod["pids"].append(int(entry))
+    return pods
+
+
+def pod_uses_gpu(pod: dict[str, Any], index: int, uuid: str, minor: int) -> bool:
+    """Whether a pod of gpu_pods() uses the GPU (its NVML index, UUID and device minor number)."""
+    visible = {v.lower() for v in pod.get("visible", [])}
+    by_env = "all" in visible or str(index) in visible or uuid.lower() in visible
+    by_env = by_env or any(uuid.lower().startswith(v) for v in visible if v.startswith("gpu-"))
+    return by_env or f"/dev/nvidia{minor}" in pod.get("devices", [])

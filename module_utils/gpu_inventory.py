@@ -13,12 +13,16 @@ from typing import Any
 from ansible.module_utils.nvml_session import (
     NVML_ERROR_GPU_IS_LOST,
     NVML_ERROR_INVALID_ARGUMENT,
+    UNSUPPORTED_CODES,
     describe_error,
     error_code,
     optional,
 )
 
 MIB = 1024 * 1024
+# NVML's field id of the GPU recovery action (nvmlDeviceGetFieldValues), from drivers R565 on; nvidia-ml-py
+# 12.535 has no name for it, so it is named here (module_utils/gpu_xid.py maps its values to actions).
+NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230
 NVLINK_MAX_LINKS_FALLBACK = 18
 
 # nvidia-smi topo -m level names for nvmlDeviceGetTopologyCommonAncestor's levels.
@@ -112,6 +116,7 @@ def empty_gpu_facts(index: int) -> dict[str, Any]:
         },
         "remapped_rows": None,
         "retired_pages": None,
+        "recovery_action": None,
         "nvlinks": [],
         "processes": [],
         "error": None,
@@ -182,12 +187,35 @@ def _read_remapped_rows(nvml: ModuleType, handle: Any) -> dict[str, Any] | None:
     if rows is None:
         return None
     correctable, uncorrectable, pending, failure = rows
+    histogram = optional(nvml, "nvmlDeviceGetRowRemapperHistogram", handle)
     return {
         "correctable": int(correctable),
         "uncorrectable": int(uncorrectable),
         "pending": bool(pending),
         "failure": bool(failure),
+        # banks by the spare rows they have left (max, high, partial, low, none)
+        "histogram": None
+        if histogram is None
+        else {key: int(getattr(histogram, key)) for key in ("max", "high", "partial", "low", "none")},
     }
+
+
+def read_recovery_action(nvml: ModuleType, handle: Any) -> int | None:
+    """NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (nvmlDeviceGpuRecoveryAction_t), or None where the driver does not
+    report it: the field came with R565; a 535 driver answers the field with an error, and nvidia-ml-py
+    12.535 has no name for it (module_utils/gpu_xid.py)."""
+    fn = getattr(nvml, "nvmlDeviceGetFieldValues", None)
+    if fn is None:
+        return None
+    try:
+        (value,) = fn(handle, [NVML_FI_DEV_GET_GPU_RECOVERY_ACTION])
+    except nvml.NVMLError as exc:
+        if error_code(exc) in UNSUPPORTED_CODES or error_code(exc) == NVML_ERROR_INVALID_ARGUMENT:
+            return None
+        raise
+    if int(value.nvmlReturn) != 0:
+        return None
+    return int(value.value.uiVal)
 
 
 def _read_retired_pages(nvml: ModuleType, handle: Any) -> dict[str, Any] | None:
@@ -273,6 +301,7 @@ def read_gpu_facts(
             "ecc": _read_ecc(nvml, handle),
             "remapped_rows": _read_remapped_rows(nvml, handle),
             "retired_pages": _read_retired_pages(nvml, handle),
+            "recovery_action": read_recovery_action(nvml, handle),
             "nvlinks": _read_nvlinks(nvml, handle, gpu_index_by_bus),
             "processes": _read_processes(nvml, handle),
         }

@@ -192,15 +192,19 @@ def test_gpu_topology_bridged_pairs(fresh_state: None) -> None:
     assert all(not r.get("failed") and r["missing_pairs"] == [] for r in results.values()), results
 
 
+# the lab's kernel log (inventories/lab: gpu_health_agent_kernel_log), never the machine's /dev/kmsg
+LAB_HEALTH = {"expected_gpu_count": 4, "kernel_log": "/var/lib/fake-nvml/kmsg"}
+
+
 def test_gpu_health_ecc_on_node2_gpu2(fresh_state: None) -> None:
-    baseline = ansible("gpu_health", {"expected_gpu_count": 4})
+    baseline = ansible("gpu_health", LAB_HEALTH)
     assert all(r["verdict"] == "healthy" for r in baseline.values()), {
         h: r["msg"] for h, r in baseline.items()
     }
 
     injected = on_node("gpu-node-2", "fake-nvml", "ecc", "--gpu", "2", "--uncorrectable", "1")
     assert injected.returncode == 0, injected.stderr
-    results = ansible("gpu_health", {"expected_gpu_count": 4})
+    results = ansible("gpu_health", LAB_HEALTH)
     node2 = results["gpu-node-2"]
     assert node2["verdict"] == "unhealthy" and node2["healthy"] is False
     assert node2["gpus"][2]["reasons"] == ["ecc_uncorrectable_volatile"]

@@ -58,6 +58,7 @@ class FakeNode:
     def __init__(self, directory: Path, shape: str, host: str = "gpu-node-1") -> None:
         self.state_path = directory / "state.json"
         self.library_path = directory / "libnvidia-ml.so.1"
+        self.kmsg_path = directory / "kmsg"  # the kernel log fake-nvml xid writes (FAKE_NVML_KMSG)
         self.shape = shape
         self.host = host
         self.library_path.write_text(f"# lab stand-in\nversion={DRIVER}\n")
@@ -103,6 +104,7 @@ def make_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., 
         node = FakeNode(tmp_path, shape, host)
         monkeypatch.setenv("FAKE_NVML_STATE", str(node.state_path))
         monkeypatch.setenv("FAKE_NVML_LIBRARY", str(node.library_path))
+        monkeypatch.setenv("FAKE_NVML_KMSG", str(node.kmsg_path))
         return node
 
     return make

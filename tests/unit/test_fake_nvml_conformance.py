@@ -101,6 +101,23 @@ def test_fake_covers_what_the_modules_call() -> None:
         "nvmlDeviceGetTopologyCommonAncestor",
         "nvmlDeviceGetComputeRunningProcesses",
         "NVMLError",
+        # issue 20: Xid events, the row-remap histogram, field values (the recovery action on R565+)
+        "nvmlEventSetCreate",
+        "nvmlDeviceRegisterEvents",
+        "nvmlDeviceGetSupportedEventTypes",
+        "nvmlEventSetWait_v2",
+        "nvmlEventSetWait",
+        "nvmlEventSetFree",
+        "nvmlEventTypeXidCriticalError",
+        "nvmlEventTypeDoubleBitEccError",
+        "c_nvmlEventData_t",
+        "c_nvmlEventSet_t",
+        "nvmlDeviceGetRowRemapperHistogram",
+        "c_nvmlRowRemapperHistogramValues",
+        "nvmlDeviceGetFieldValues",
+        "c_nvmlFieldValue_t",
+        "NVML_FI_DEV_REMAPPED_PENDING",
+        "nvmlDeviceGetMemoryErrorCounter",
     }
     assert used <= set(FAKE_NAMES)
 
@@ -165,6 +182,16 @@ def test_error_classes_behave_like_the_real_ones(name: str) -> None:
     assert isinstance(err, getattr(fake, name))
     assert str(err) == str(real.NVMLError(code))
     assert fake.nvmlExceptionClass(code) is getattr(fake, name)
+
+
+def test_the_recovery_action_field_is_not_in_the_pinned_bindings() -> None:
+    """NVML_FI_DEV_GET_GPU_RECOVERY_ACTION came with driver R565: nvidia-ml-py 12.535 has no such constant,
+    so the product names the field by its number (module_utils/gpu_inventory.py) and the fake defines none."""
+    from ansible.module_utils.gpu_inventory import NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+
+    assert not hasattr(real, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION")
+    assert not hasattr(fake, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION")
+    assert NVML_FI_DEV_GET_GPU_RECOVERY_ACTION == 230 and real.NVML_FI_MAX < 230
 
 
 def test_handles_are_real_device_pointers(pcie_node: Any) -> None:

@@ -112,7 +112,13 @@ def test_faults_and_reset(pcie_node: FakeNode, capsys: pytest.CaptureFixture[str
     gpus = state["gpus"]
     assert gpus[2]["ecc"]["volatile"] == {"corrected": 0, "uncorrected": 1}
     assert gpus[2]["ecc"]["aggregate"] == {"corrected": 7, "uncorrected": 1}
-    assert gpus[1]["remapped_rows"] == {"correctable": 0, "uncorrectable": 3, "pending": 1, "failure": 1}
+    assert gpus[1]["remapped_rows"] == {
+        "correctable": 0,
+        "uncorrectable": 3,
+        "pending": 1,
+        "failure": 1,
+        "histogram": {"max": 639, "high": 0, "partial": 0, "low": 0, "none": 1},  # a bank out of spare rows
+    }
     assert not gpus[0]["nvlinks"][4]["active"] and not gpus[1]["nvlinks"][4]["active"]  # both ends
     assert gpus[3]["lost"] and gpus[0]["power"]["limit_mw"] == 175000
     assert state["kernel_module_version"] == "550.54.15"

@@ -80,8 +80,10 @@ def test_reports_every_gpu_with_the_issue_keys(node: FakeNode) -> None:
             "uncorrectable": 0,
             "pending": False,
             "failure": False,
+            "histogram": {"max": 640, "high": 0, "partial": 0, "low": 0, "none": 0},
         }
         assert gpu["retired_pages"] is None  # A100 remaps rows instead
+        assert gpu["recovery_action"] is None  # a 535 driver does not report it
         assert gpu["temperature"]["target_c"] is None  # unsupported on A100
         assert gpu["error"] is None
         assert len(gpu["nvlinks"]) == 12 and all(link["active"] for link in gpu["nvlinks"])

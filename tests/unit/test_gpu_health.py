@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import gpu_health
 import pytest
+from ansible.module_utils import gpu_kernel_log
 from conftest import FakeNode, run_module
 
 
 def health(args: dict[str, Any] | None = None) -> dict[str, Any]:
-    failed, result = run_module(gpu_health, args or {})
+    # the node's kernel log is the file fake-nvml xid writes, never this machine's /dev/kmsg
+    args = {"kernel_log": os.environ["FAKE_NVML_KMSG"], **(args or {})}
+    failed, result = run_module(gpu_health, args)
     assert not failed, result["msg"]
     assert result["changed"] is False
     return result
@@ -51,19 +55,26 @@ def test_old_uncorrectable_errors_in_the_aggregate_counter_are_history(pcie_node
 
 
 @pytest.mark.parametrize(
-    ("ctl", "reason"),
+    ("ctl", "reason", "action"),
     [
-        (["remap", "--gpu", "3", "--pending"], "row_remap_pending"),
-        (["remap", "--gpu", "3", "--failure"], "row_remap_failure"),
-        (["gpu", "--gpu", "3", "--lost"], "gpu_lost"),
+        (["remap", "--gpu", "3", "--failure"], "row_remap_failure", "repair"),
+        (["gpu", "--gpu", "3", "--lost"], "gpu_lost", "reboot_node"),
     ],
 )
-def test_unhealthy_reasons(node: FakeNode, ctl: list[str], reason: str) -> None:
+def test_unhealthy_reasons(node: FakeNode, ctl: list[str], reason: str, action: str) -> None:
     node.ctl(*ctl)
     result = health()
     assert result["verdict"] == "unhealthy"
     assert result["gpus"][3]["reasons"] == [reason]
     assert result["gpus"][3]["messages"]
+    assert result["gpus"][3]["action"] == action and result["action"] == action
+
+
+def test_a_pending_remap_waits_for_the_next_drain_window(node: FakeNode) -> None:
+    node.ctl("remap", "--gpu", "3", "--pending")
+    result = health()
+    assert result["verdict"] == "degraded" and result["action"] == "reset_at_drain_window"
+    assert result["gpus"][3]["reasons"] == ["row_remap_pending"]
 
 
 @pytest.mark.parametrize(
@@ -136,6 +147,88 @@ def test_negative_options_are_rejected(pcie_node: FakeNode) -> None:
 
 
 def test_check_mode_is_the_same(pcie_node: FakeNode) -> None:
-    pcie_node.ctl("remap", "--gpu", "0", "--pending")
+    pcie_node.ctl("remap", "--gpu", "0", "--failure")
     failed, result = run_module(gpu_health, {}, check_mode=True)
     assert not failed and result["verdict"] == "unhealthy"
+
+
+# ------------------------------------------------------------------------------------- Xids (issue 20)
+
+
+@pytest.fixture
+def cleared_file(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    path = tmp_path / "xid-cleared.json"
+    monkeypatch.setattr(gpu_kernel_log, "CLEARED_FILE", str(path))
+    return path
+
+
+def test_a_contained_error_restarts_the_application_and_keeps_the_node(pcie_node: FakeNode) -> None:
+    for xid in ("48", "63", "94"):  # what the driver logs for a contained double-bit error on A100
+        pcie_node.ctl("xid", "--gpu", "1", "--xid", xid)
+    result = health()
+    gpu1 = result["gpus"][1]
+    assert result["verdict"] == "degraded" and result["healthy"] is False
+    assert result["action"] == "reset_at_drain_window"  # the remapped row waits for the next reset
+    assert gpu1["reasons"] == ["ecc_uncorrectable_volatile", "row_remap_pending", "xid_94"]
+    assert "Xid 94 in the kernel log: contained to the application" in gpu1["messages"][0]
+    assert [x["xid"] for x in gpu1["xids"]] == [48, 63, 94]
+    assert gpu1["xids"][2]["mnemonic"] == "ROBUST_CHANNEL_CONTAINED_ERROR"
+
+
+def test_an_uncontained_error_asks_for_the_reset(pcie_node: FakeNode) -> None:
+    pcie_node.ctl("xid", "--gpu", "2", "--xid", "48")
+    pcie_node.ctl("xid", "--gpu", "2", "--xid", "95")
+    result = health()
+    assert result["verdict"] == "unhealthy" and result["action"] == "reset_gpu"
+    assert result["playbook"] == "playbooks/remediate/gpu-reset.yml"
+    assert result["gpus"][2]["action"] == "reset_gpu"
+
+
+def test_application_xids_change_nothing(pcie_node: FakeNode) -> None:
+    for xid in ("13", "31", "43", "45"):
+        pcie_node.ctl("xid", "--gpu", "0", "--xid", xid, "--pid", "4242", "--name", "vllm")
+    result = health()
+    assert result["verdict"] == "healthy" and result["action"] == "none"
+    assert result["gpus"][0]["reasons"] == ["xid_45"]  # one burst, seen and left alone
+
+
+def test_fallen_off_the_bus_is_a_reboot(pcie_node: FakeNode) -> None:
+    pcie_node.ctl("xid", "--gpu", "3", "--xid", "79")
+    result = health({"expected_gpu_count": 4})
+    assert result["verdict"] == "unhealthy" and result["action"] == "reboot_node"
+    assert result["gpus"][3]["reasons"] == ["gpu_lost"]
+    assert result["reasons"] == ["xid_79"]  # NVML cannot name the GPU any more: a node-level finding
+    assert result["playbook"] == "playbooks/remediate/node-reboot.yml"
+
+
+def test_a_reset_clears_its_gpus_xids(pcie_node: FakeNode, cleared_file: Any) -> None:
+    pcie_node.ctl("xid", "--gpu", "2", "--xid", "95")
+    pcie_node.ctl("gpu-reset", "--gpu", "2")
+    assert health()["action"] == "reset_gpu"  # the Xid is still in the log
+    _, last = gpu_kernel_log.read_log(os.environ["FAKE_NVML_KMSG"])
+    gpu_kernel_log.save_cleared(["00000000:B1:00.0"], last or 0)
+    result = health()
+    assert result["verdict"] == "healthy" and result["action"] == "none"
+    assert result["gpus"][2]["xids"] == []
+
+
+def test_an_unreadable_kernel_log_is_said_and_errors_count_as_uncontained(
+    pcie_node: FakeNode, tmp_path: Any
+) -> None:
+    pcie_node.ctl("ecc", "--gpu", "1", "--uncorrectable", "1")
+    result = health({"kernel_log": str(tmp_path)})  # a directory: unreadable
+    assert result["reasons"] == ["kernel_log_unreadable"]
+    assert result["action"] == "reset_gpu" and result["verdict"] == "unhealthy"
+    result = health({"kernel_log": ""})  # not read at all: nothing said about it
+    assert result["reasons"] == [] and result["action"] == "reset_gpu"
+
+
+def test_the_recovery_action_of_a_newer_driver_decides(pcie_node: FakeNode) -> None:
+    pcie_node.ctl("recovery-action", "--gpu", "0", "--action", "none")
+    pcie_node.ctl("ecc", "--gpu", "0", "--uncorrectable", "1")
+    result = health()
+    assert result["gpus"][0]["action"] == "restart_app"
+    pcie_node.ctl("recovery-action", "--gpu", "0", "--action", "reboot")  # logs Xid 154 too
+    result = health()
+    assert result["action"] == "reboot_node"
+    assert result["gpus"][0]["reasons"] == ["ecc_uncorrectable_volatile", "nvml_recovery_action", "xid_154"]

@@ -9,7 +9,8 @@ fake ``pynvml``, ``-S`` so the test venv's real ansible package is not on the pa
 one process per node, each with its own fake NVML state file; it authenticates with the ServiceAccount
 token the role's manifests produce, never a certificate.
 
-Benchmark (docs/benchmarks.md): ``.venv/bin/python tests/unit/test_gpu_health_agent.py --bench 10``.
+Benchmarks (docs/benchmarks.md): ``.venv/bin/python tests/unit/test_gpu_health_agent.py --bench 10`` (an
+uncorrectable ECC error to the cordon) and ``... --bench-xid 5`` (an Xid to the agent's action).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ NODES = {f"gpu-node-{i}": {"gpus": 4, "ip": f"10.89.42.1{i}", "labels": GPU_LABE
 CORDON = "gpu-health.llm-platform.io/cordon"
 HISTORY = "gpu-health.llm-platform.io/history"
 HELD_BACK = "gpu-health.llm-platform.io/held-back"
+NOTICE = "gpu-health.llm-platform.io/notice"
 
 
 def role_vars() -> dict[str, Any]:
@@ -161,6 +163,9 @@ class Agent:
         folder.mkdir(exist_ok=True)
         self.state = folder / "state.json"
         self.library = folder / "libnvidia-ml.so.1"
+        self.kmsg = folder / "kmsg"  # the node's kernel log (fake-nvml xid writes it)
+        self.kmsg.unlink(missing_ok=True)
+        shutil.rmtree(folder / "agent-state", ignore_errors=True)
         self.library.write_text(f"# lab stand-in\nversion={fake_nvml_ctl.DEFAULT_DRIVER_VERSION}\n")
         self.state.write_text(json.dumps(fake_nvml_ctl.build_state("a100-pcie-40gb-x4", name)))
         self.port = free_port()
@@ -176,6 +181,8 @@ class Agent:
             "corrected_errors_threshold": 1000,
             "metrics_address": "127.0.0.1",
             "metrics_port": self.port,
+            "kernel_log": str(self.kmsg),
+            "state_dir": str(folder / "agent-state"),
         }
         self.config = folder / "config.json"
         self.config.write_text(json.dumps(config))
@@ -184,8 +191,12 @@ class Agent:
             "PYTHONPATH": f"{cluster.lib}{os.pathsep}{ROOT / 'tests' / 'lab' / 'fake_nvml'}",
             "FAKE_NVML_STATE": str(self.state),
             "FAKE_NVML_LIBRARY": str(self.library),
+            "FAKE_NVML_KMSG": str(self.kmsg),
         }
         self.log = folder / "agent.log"
+        self.start()
+
+    def start(self) -> None:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [
@@ -205,8 +216,13 @@ class Agent:
         )
 
     def fault(self, *args: str) -> None:
-        """fake-nvml (scripts/lab-fault's GPU faults) on this node's state."""
-        env = {**os.environ, "FAKE_NVML_STATE": str(self.state), "FAKE_NVML_LIBRARY": str(self.library)}
+        """fake-nvml (scripts/lab-fault's GPU faults) on this node's state and kernel log."""
+        env = {
+            **os.environ,
+            "FAKE_NVML_STATE": str(self.state),
+            "FAKE_NVML_LIBRARY": str(self.library),
+            "FAKE_NVML_KMSG": str(self.kmsg),
+        }
         subprocess.run(
             [sys.executable, str(ROOT / "tests" / "lab" / "fake_nvml" / "fake_nvml_ctl.py"), *args],
             env=env,
@@ -275,7 +291,10 @@ def test_uncorrectable_ecc_cordons_within_30s_with_reason_annotated(
     assert record["time"].endswith("Z")
     assert json.loads(annotations[HISTORY])[-1]["action"] == "cordon"
     assert record["message"] == "GPU 1: ecc_uncorrectable_volatile"
-    assert cluster.events("gpu-node-2") == []  # no events create: the annotation says it
+    # no Xid in the kernel log says it was contained: treated as uncontained, a GPU reset
+    assert (record["gpu_action"], record["playbook"]) == ("reset_gpu", "playbooks/remediate/gpu-reset.yml")
+    # the event follows the cordon's patch
+    assert [e["reason"] for e in wait(lambda: cluster.events("gpu-node-2"))] == ["GPUResetNeeded"]
     assert cluster.held_back() == {}
     metrics = agents["gpu-node-2"].metrics() or ""
     assert 'gpu_health_agent_gpu_reason{gpu="1",reason="ecc_uncorrectable_volatile"} 1' in metrics
@@ -309,8 +328,8 @@ def test_corrected_errors_alone_cordon_nothing(cluster: Cluster, agents: dict[st
 def test_two_faulty_nodes_exactly_one_cordoned_the_breaker_names_the_other(
     cluster: Cluster, agents: dict[str, Agent]
 ) -> None:
-    agents["gpu-node-2"].fault("ecc", "--gpu", "0", "--uncorrectable", "1")
-    agents["gpu-node-3"].fault("remap", "--gpu", "1", "--pending")
+    agents["gpu-node-2"].fault("xid", "--gpu", "0", "--xid", "95")
+    agents["gpu-node-3"].fault("xid", "--gpu", "1", "--xid", "79")
     cordoned = wait(lambda: cluster.cordoned(), timeout=30)
     assert len(cordoned) == 1
     other = "gpu-node-3" if cordoned == ["gpu-node-2"] else "gpu-node-2"
@@ -353,7 +372,9 @@ def test_agent_token_rbac_on_the_api(cluster: Cluster) -> None:
         "reason": "Test",
         "message": "m",
     }
-    # and nothing else: no events either
+    # Node events in default (the notices and the cordons), nowhere else
+    code, _ = sa.request("POST", "/api/v1/namespaces/default/events", json.dumps(event).encode())
+    assert code == 201
     other_lease = {
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
@@ -374,8 +395,9 @@ def test_agent_token_rbac_on_the_api(cluster: Cluster) -> None:
         ("DELETE", cluster.lease_path, None),
         ("GET", "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/gpu-node-1", None),
         ("POST", f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases", other_lease),
-        ("POST", "/api/v1/namespaces/default/events", event),
         ("POST", "/api/v1/namespaces/kube-system/events", event),
+        ("PATCH", "/api/v1/namespaces/default/events/anything", {"count": 2}),
+        ("DELETE", "/api/v1/namespaces/default/events/anything", None),
         ("GET", "/api/v1/namespaces/default/events", None),
         ("PATCH", "/api/v1/nodes/gpu-node-3/status", {"status": {}}),
     ]
@@ -405,9 +427,12 @@ def test_rendered_rbac_is_least_privilege() -> None:
                 "verbs": ["get", "update"],
             }
         ],
+        ("Role", "gpu-health-agent-events", "default"): [
+            {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}
+        ],
     }
     bindings = [d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")]
-    assert len(bindings) == 2
+    assert len(bindings) == 3
     for binding in bindings:
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": "gpu-health-agent", "namespace": "gpu-health"}
@@ -417,6 +442,9 @@ def test_rendered_rbac_is_least_privilege() -> None:
         }
     sa = next(d for d in docs if d["kind"] == "ServiceAccount")
     assert sa["automountServiceAccountToken"] is False
+    from ansible.module_utils.gpu_health_agent import EVENTS_NAMESPACE
+
+    assert role_vars()["__gpu_health_agent_events_namespace"] == EVENTS_NAMESPACE
 
 
 def test_installed_module_utils_are_the_agents_imports() -> None:
@@ -468,8 +496,55 @@ def bench(runs: int) -> None:
     print("samples:", " ".join(f"{s:.2f}" for s in samples))
 
 
+def bench_xid(runs: int) -> None:
+    """Time from an Xid written by the fake driver (its kernel-log record and NVML event) to the agent's
+    action in the API: Xid 95 -> the cordon; Xids 48, 63, 94 in one burst -> the notice annotation."""
+    import tempfile
+
+    poll = float(role_vars()["gpu_health_agent_poll_interval"])
+    cases = {
+        "xid 95 -> cordon": (["95"], "cordon"),
+        "xid 48, 63, 94 -> notice": (["48", "63", "94"], "notice"),
+    }
+    results: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp, real_kube.control_plane(Path(tmp) / "kube") as api:
+        api.start_controllers()
+        cluster = Cluster(api, Path(tmp))
+        try:
+            for name, (xids, action) in cases.items():
+                samples = results.setdefault(name, [])
+                for _ in range(runs):
+                    cluster.reset()
+                    agent = cluster.start_agent("gpu-node-2", poll_interval=poll)
+                    time.sleep(poll * 0.37 + (len(samples) % 5) * poll / 5)  # anywhere in a poll
+                    started = time.monotonic()
+                    agent.fault("xid", "--gpu", "1", *[arg for x in xids for arg in ("--xid", x)])
+
+                    def done(action: str = action) -> bool:
+                        node = cluster.node("gpu-node-2")
+                        if action == "cordon":
+                            return bool(node["spec"].get("unschedulable"))
+                        return NOTICE in (node["metadata"].get("annotations") or {})
+
+                    wait(done, timeout=30, step=0.02)
+                    samples.append(time.monotonic() - started)
+                    assert action == "cordon" or not cluster.cordoned(), "a contained error was cordoned"
+            cluster.reset()
+        finally:
+            cluster.close()
+    for name, samples in results.items():
+        print(
+            f"poll interval {poll:g} s, {name}, {runs} runs: seconds median "
+            f"{statistics.median(samples):.2f}, min {min(samples):.2f}, max {max(samples):.2f}; "
+            f"samples {' '.join(f'{s:.2f}' for s in samples)}"
+        )
+
+
 if __name__ == "__main__":
-    bench(int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[1] == "--bench" else 10)
+    if len(sys.argv) > 1 and sys.argv[1] == "--bench-xid":
+        bench_xid(int(sys.argv[2]) if len(sys.argv) > 2 else 5)
+    else:
+        bench(int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[1] == "--bench" else 10)
 
 
 # ------------------------------------------------------------------------------------------- NVML events
@@ -530,12 +605,16 @@ def test_nvml_events_wake_the_agent_where_supported(pcie_node: Any) -> None:
     none = NvmlEvents(EventfulNvml(supported=0x1))  # type: ignore[arg-type]
     none.open()
     assert not none.supported and pynvml._nvmlLib_refcount == 0
-    # the lab's fake has no event API at all
+    # the lab's fake has nvidia-ml-py's event API: an Xid fake-nvml injects wakes the agent
     plain = NvmlEvents(pynvml)
     plain.open()
-    assert not plain.supported
+    assert plain.supported
     started = time.monotonic()
     assert plain.wait(0.2, stop) is None and time.monotonic() - started >= 0.2
+    pcie_node.ctl("xid", "--gpu", "2", "--xid", "95")
+    assert plain.wait(5, stop) == "NVML event type 8 data 95"
+    plain.close()
+    assert pynvml._nvmlLib_refcount == 0
 
 
 def test_breaker_lease_waits_for_a_live_holder_and_takes_an_expired_one(cluster: Cluster) -> None:
@@ -583,3 +662,134 @@ def test_bad_settings_are_refused_naming_them(tmp_path: Path) -> None:
     }
     config.write_text(json.dumps(good))
     assert main(["--config", str(config)]) == 2  # not https
+
+
+# -------------------------------------------------------------------------------------- Xids (issue 20)
+
+
+def test_a_contained_error_keeps_the_node_and_writes_an_event(
+    cluster: Cluster, agents: dict[str, Agent]
+) -> None:
+    agent = agents["gpu-node-2"]
+    # what the driver logs for a double-bit error contained to one process, in one burst
+    agent.fault("xid", "--gpu", "1", "--xid", "48", "--xid", "63", "--xid", "94")
+    events = wait(lambda: cluster.events("gpu-node-2"), timeout=30)
+    time.sleep(3)  # more polls: no cordon follows, no second event
+    assert cluster.cordoned() == []
+    assert (
+        [e["reason"] for e in cluster.events("gpu-node-2")]
+        == ["GPUResetAtNextDrain"]
+        == [e["reason"] for e in events]
+    )
+    assert "Xid 94" in events[0]["message"] and events[0]["involvedObject"]["kind"] == "Node"
+    # the annotation follows the event
+    notice = json.loads(
+        wait(lambda: (cluster.node("gpu-node-2")["metadata"].get("annotations") or {}).get(NOTICE))
+    )
+    assert notice["gpu_action"] == "reset_at_drain_window" and notice["by"] == "gpu-health-agent"
+    assert notice["gpus"][0]["index"] == 1 and "xid_94" in notice["gpus"][0]["reasons"]
+    metrics = agent.metrics() or ""
+    assert 'gpu_health_agent_node_action{node="gpu-node-2",action="reset_at_drain_window"} 1' in metrics
+    assert 'gpu_health_agent_xids_total{xid="94"} 1' in metrics
+    # a restart does not repeat the notice; a new Xid makes a new one
+    agent.stop()
+    agent.start()
+    time.sleep(3)
+    assert len(cluster.events("gpu-node-2")) == 1
+    agent.fault("xid", "--gpu", "3", "--xid", "94")
+    wait(lambda: len(cluster.events("gpu-node-2")) == 2, timeout=30)
+    assert cluster.cordoned() == []
+
+
+def test_an_uncontained_error_cordons_for_a_reset(cluster: Cluster, agents: dict[str, Agent]) -> None:
+    agents["gpu-node-3"].fault("xid", "--gpu", "0", "--xid", "95")
+    wait(lambda: cluster.cordoned() == ["gpu-node-3"], timeout=30)
+    record = json.loads(cluster.node("gpu-node-3")["metadata"]["annotations"][CORDON])
+    assert record["gpu_action"] == "reset_gpu" and "xid_95" in record["reasons"]
+    assert record["playbook"] == "playbooks/remediate/gpu-reset.yml"
+
+
+def test_fallen_off_the_bus_cordons_for_a_reboot(cluster: Cluster, agents: dict[str, Agent]) -> None:
+    agents["gpu-node-1"].fault("xid", "--gpu", "2", "--xid", "79")
+    wait(lambda: cluster.cordoned() == ["gpu-node-1"], timeout=30)
+    record = json.loads(cluster.node("gpu-node-1")["metadata"]["annotations"][CORDON])
+    assert (record["gpu_action"], record["playbook"]) == (
+        "reboot_node",
+        "playbooks/remediate/node-reboot.yml",
+    )
+    assert [e["reason"] for e in wait(lambda: cluster.events("gpu-node-1"))] == ["GPUNodeRebootNeeded"]
+    assert (
+        "GPU has fallen off the bus" in agents["gpu-node-1"].log.read_text()
+    )  # the reason in the node's log
+
+
+def test_application_xids_do_nothing(cluster: Cluster, agents: dict[str, Agent]) -> None:
+    for xid in ("13", "31", "43"):
+        agents["gpu-node-2"].fault("xid", "--gpu", "0", "--xid", xid, "--pid", "4242", "--name", "vllm")
+    wait(lambda: 'gpu_health_agent_xids_total{xid="43"} 1' in (agents["gpu-node-2"].metrics() or ""))
+    time.sleep(3)
+    assert cluster.cordoned() == [] and cluster.events("gpu-node-2") == []
+    assert NOTICE not in (cluster.node("gpu-node-2")["metadata"].get("annotations") or {})
+    assert 'action="none"} 1' in (agents["gpu-node-2"].metrics() or "")
+
+
+def test_a_pending_remap_is_a_notice_not_a_cordon(cluster: Cluster, agents: dict[str, Agent]) -> None:
+    agents["gpu-node-3"].fault("remap", "--gpu", "2", "--pending")
+    wait(lambda: cluster.events("gpu-node-3"), timeout=30)
+    time.sleep(2)
+    assert cluster.cordoned() == []
+    assert [e["reason"] for e in cluster.events("gpu-node-3")] == ["GPUResetAtNextDrain"]
+
+
+def test_the_notice_goes_once_a_reset_cleared_the_gpu(
+    cluster: Cluster, pcie_node: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In process: the agent's poll after a GPU reset (gpu_reset clears the GPU's Xids) removes its notice."""
+    import pynvml
+    from ansible.module_utils import gpu_kernel_log
+    from ansible.module_utils.gpu_health_agent import Agent as AgentCode
+    from ansible.module_utils.gpu_health_agent import Config, KubeApi
+
+    cluster.reset()
+    monkeypatch.setattr(gpu_kernel_log, "CLEARED_FILE", str(tmp_path / "cleared.json"))
+    config = Config(
+        node_name="gpu-node-1",
+        api_server=cluster.api.url,
+        ca_file=str(cluster.api.ca),
+        token_file=str(cluster.token_file),
+        lease_namespace=cluster.namespace,
+        lease_name=role_vars()["__gpu_health_agent_lease"],
+        gpu_node_selector="nvidia.com/gpu.present=true",
+        kernel_log=str(pcie_node.kmsg_path),
+        state_dir=str(tmp_path / "state"),
+    )
+    agent = AgentCode(config, pynvml, KubeApi(config.api_server, config.ca_file, config.token_file))
+    pcie_node.ctl("xid", "--gpu", "1", "--xid", "94")
+    agent.poll()
+    assert NOTICE in cluster.node("gpu-node-1")["metadata"]["annotations"]
+    pcie_node.ctl("gpu-reset", "--gpu", "1")
+    _, last = gpu_kernel_log.read_log(str(pcie_node.kmsg_path))
+    gpu_kernel_log.save_cleared(["00000000:31:00.0"], last or 0)  # what gpu_reset records for GPU 1
+    agent.poll()
+    assert NOTICE not in (cluster.node("gpu-node-1")["metadata"].get("annotations") or {})
+    assert [e["reason"] for e in cluster.events("gpu-node-1")] == ["GPUResetAtNextDrain"]
+    agent.xids.close()
+    cluster.reset()
+
+
+def test_the_notice_key_ignores_an_applications_xid() -> None:
+    from ansible.module_utils.gpu_health_agent import notice_key
+
+    gpu = {
+        "index": 1,
+        "action": "restart_app",
+        "reasons": ["xid_94"],
+        "xids": [{"seq": 7, "action": "restart_app"}],
+    }
+    health = {"action": "restart_app", "gpus": [gpu]}
+    before = notice_key(health)
+    gpu["xids"].append({"seq": 9, "action": "none"})  # Xid 13 of the application on the same GPU
+    assert notice_key(health) == before
+    gpu["xids"].append({"seq": 11, "action": "restart_app"})  # another contained error: news
+    assert notice_key(health) != before
+    assert notice_key({"action": "none", "gpus": [{**gpu, "action": "none"}]}) == json.dumps(["none", []])

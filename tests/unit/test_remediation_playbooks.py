@@ -25,6 +25,8 @@ PLAYBOOKS = [
     "collect-diagnostics.yml",
     "etcd-restore.yml",
     "renew-certs.yml",
+    "gpu-reset.yml",
+    "node-reboot.yml",
 ]
 TOKEN = re.compile(r"[a-z0-9]{6}\.[a-z0-9]{16}")
 

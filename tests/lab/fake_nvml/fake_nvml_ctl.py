@@ -36,6 +36,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -43,7 +44,12 @@ from typing import Any
 
 STATE_ENV = "FAKE_NVML_STATE"
 LIBRARY_ENV = "FAKE_NVML_LIBRARY"
+KMSG_ENV = "FAKE_NVML_KMSG"
 DEFAULT_STATE = "/var/lib/fake-nvml/state.json"
+# The lab's kernel log: the lab nodes share this machine's kernel, so the fake driver never writes to
+# /dev/kmsg; it writes /dev/kmsg's record format to this file, which the product reads where the lab
+# inventory points it (gpu_health_agent_kernel_log; docs/lab.md "GPU faults").
+DEFAULT_KMSG = "/var/lib/fake-nvml/kmsg"
 DEFAULT_LIBRARY = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
 DEFAULT_DRIVER_VERSION = "535.183.06"
 CUDA_DRIVER_VERSION = 12020  # what a 535 driver reports: CUDA 12.2
@@ -217,8 +223,19 @@ def build_gpu(shape: Shape, host: str, slot: int) -> dict[str, Any]:
             "aggregate": {"corrected": 0, "uncorrected": 0},
         },
         # A100 repairs memory by row remapping; page retirement is not supported (NVML: Not Supported).
-        "remapped_rows": {"correctable": 0, "uncorrectable": 0, "pending": 0, "failure": 0},
+        # The histogram counts DRAM banks by the spare rows they have left (nvidia-smi -q: "Bank Remap
+        # Availability Histogram"; an A100 40GB reports 640 banks at Max).
+        "remapped_rows": {
+            "correctable": 0,
+            "uncorrectable": 0,
+            "pending": 0,
+            "failure": 0,
+            "histogram": {"max": 640, "high": 0, "partial": 0, "low": 0, "none": 0},
+        },
         "retired_pages": None,
+        # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: reported by R565 and later drivers only; None = this 535
+        # driver does not report it (fake-nvml recovery-action simulates a newer one).
+        "recovery_action": None,
         "nvlinks": _gpu_links(shape, slot),
         "processes": [],
     }
@@ -243,6 +260,10 @@ def build_state(
         "pcie_topology": [[0 if a == b else _pcie_level(shape, a, b) for b in range(n)] for a in range(n)],
         "missing_functions": [],
         "gpus": [build_gpu(shape, host, slot) for slot in range(n)],
+        # the driver's event queue (nvmlEventSetWait) and the kernel log's last record number
+        "events": [],
+        "event_seq": 0,
+        "kmsg_seq": 0,
     }
 
 
@@ -255,6 +276,10 @@ def state_path() -> str:
 
 def library_path() -> str:
     return os.environ.get(LIBRARY_ENV, DEFAULT_LIBRARY)
+
+
+def kmsg_path() -> str:
+    return os.environ.get(KMSG_ENV, DEFAULT_KMSG)
 
 
 def library_version() -> str | None:
@@ -350,8 +375,13 @@ def cmd_reset(args: argparse.Namespace) -> str:
         kernel = library_version() or state.get("kernel_module_version", DEFAULT_DRIVER_VERSION)
         _stop_all_holders(state)  # a reboot ends every process
         fresh = build_state(state["shape"], state["host"], kernel)
+        # the kernel log starts empty; its record numbers go on, as a new boot's seem new
+        fresh["kmsg_seq"], fresh["event_seq"] = state.get("kmsg_seq", 0), state.get("event_seq", 0)
         state.clear()
         state.update(fresh)
+        if os.path.exists(kmsg_path()):
+            with open(kmsg_path(), "w", encoding="utf-8"):
+                pass
     return f"reset {path}: {state['shape']} for host {state['host']}, kernel module {kernel}"
 
 
@@ -411,6 +441,8 @@ def render(state: dict[str, Any], path: str) -> str:
             f"uncorrected {ecc['aggregate']['uncorrected']}; remapped rows correctable {rows['correctable']} "
             f"uncorrectable {rows['uncorrectable']} pending {rows['pending']} failure {rows['failure']}"
         )
+        if gpu.get("recovery_action") is not None:
+            lines.append(f"    recovery action {RECOVERY_ACTION_TEXT.get(gpu['recovery_action'], '?')}")
         down = [str(link["link"]) for link in links if not link["active"]]
         lines.append(
             f"    NVLinks {len(links) - len(down)}/{len(links)} up"
@@ -428,8 +460,12 @@ def cmd_show(args: argparse.Namespace) -> str:
 
 def _mutate(describe: Callable[[dict[str, Any]], str]) -> str:
     path = state_path()
-    with locked(path) as state:
-        message = describe(state)
+    try:
+        with locked(path) as state:
+            message = describe(state)
+        _flush_kernel_log()  # after the state it describes is written
+    finally:
+        _pending_records.clear()
     return message
 
 
@@ -460,6 +496,10 @@ def cmd_remap(args: argparse.Namespace) -> str:
             done.append("remap pending")
         if args.failure:
             rows["failure"] = 1
+            histogram = rows.get("histogram")
+            if histogram and histogram["max"] > 0:
+                histogram["max"] -= 1  # the bank that ran out of spare rows
+                histogram["none"] += 1
             done.append("remap failure")
         if args.uncorrectable is not None:
             rows["uncorrectable"] = args.uncorrectable
@@ -469,6 +509,9 @@ def cmd_remap(args: argparse.Namespace) -> str:
             done.append(f"{args.correctable} rows remapped for correctable errors")
         if args.clear:
             rows.update({"correctable": 0, "uncorrectable": 0, "pending": 0, "failure": 0})
+            if rows.get("histogram"):
+                banks = sum(rows["histogram"].values())
+                rows["histogram"] = {"max": banks, "high": 0, "partial": 0, "low": 0, "none": 0}
             done.append("cleared")
         return f"GPU {args.gpu}: " + ", ".join(done)
 
@@ -640,6 +683,205 @@ def cmd_process(args: argparse.Namespace) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------
+# Xids: the kernel-log record the driver prints, the NVML event it raises, what the fault does to the GPU
+# ---------------------------------------------------------------------------------------------------
+# The text after "pid=..., name=..., " that the 535 driver prints for the Xids the tests inject (from
+# kernel logs of real A100 nodes; any other Xid gets its catalog mnemonic).
+XID_TEXT = {
+    13: "Graphics SM Warp Exception on (GPC 0, TPC 0, SM 0): Out Of Range Address",
+    31: "Ch 00000008, intr 00000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f1e_6c000000. "
+    "Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_READ",
+    43: "Ch 00000008",
+    45: "Ch 00000008",
+    48: "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 6, "
+    "subpartition 0.",
+    63: "Row Remapper: New row (0x0000000000a4b5c0) marked for remapping, reset gpu to activate.",
+    64: "Row Remapper Error: (0x0000000000a4b5c0) - All reserved rows for bank are remapped",
+    74: "NVLink: fatal error detected on link 0(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)",
+    79: "GPU has fallen off the bus.",
+    92: "High single-bit ECC error rate detected",
+    94: "Contained: SM (0x1). RST: No, D-RST: No",
+    95: "Uncontained: FBHUB. RST: Yes, D-RST: No",
+}
+# Xids that hardware raises with no process behind them: pid and name are unknown in the record
+HARDWARE_XIDS = {48, 63, 64, 74, 79, 92, 94, 95, 119, 120, 154}
+# The recovery action an R565+ driver sets for an Xid (nvmlDeviceGpuRecoveryAction_t), where it reports one
+XID_RECOVERY_ACTION = {48: 1, 64: 1, 74: 4, 79: 2, 94: 0, 95: 1}
+RECOVERY_ACTION_NAMES = {
+    "none": 0,
+    "reset": 1,
+    "reboot": 2,
+    "drain_p2p": 3,
+    "drain_and_reset": 4,
+}
+# As Xid 154's message names them (the catalog: "None", "Drain P2P", "Drain and Reset", ...)
+RECOVERY_ACTION_TEXT = {
+    0: "None",
+    1: "GPU Reset Required",
+    2: "Node Reboot Required",
+    3: "Drain P2P",
+    4: "Drain and Reset",
+}
+EVENT_XID = 0x8  # nvmlEventTypeXidCriticalError
+EVENT_DOUBLE_BIT_ECC = 0x2
+EVENTS_KEPT = 256
+
+
+_pending_records: list[str] = []  # records of the change under way, written once its state is
+
+
+def _kernel_log(
+    state: dict[str, Any], gpu: dict[str, Any], xid: int, who: tuple[str, str] | None, text: str
+) -> None:
+    """The driver's record for the lab's kernel log, in /dev/kmsg's format (``who``: pid and name, which the
+    driver prints for the Xids of a channel, not for Xid 154); written after the state it describes, as
+    the driver counts an error before it logs it."""
+    state["kmsg_seq"] = int(state.get("kmsg_seq", 0)) + 1
+    usec = int(time.monotonic() * 1_000_000)  # /dev/kmsg's clock: microseconds since boot
+    pci = gpu["pci"]
+    bus = f"{pci['domain']:04x}:{pci['bus']:02x}:{pci['device']:02x}"
+    process = f"pid={who[0]}, name={who[1]}, " if who else ""
+    _pending_records.append(f"4,{state['kmsg_seq']},{usec},-;NVRM: Xid (PCI:{bus}): {xid}, {process}{text}\n")
+
+
+def _flush_kernel_log() -> None:
+    if not _pending_records:
+        return
+    path = kmsg_path()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, "".join(_pending_records).encode())
+    finally:
+        os.close(fd)
+        _pending_records.clear()
+
+
+def _event(state: dict[str, Any], gpu: dict[str, Any], event_type: int, data: int) -> None:
+    state["event_seq"] = int(state.get("event_seq", 0)) + 1
+    events = state.setdefault("events", [])
+    events.append({"seq": state["event_seq"], "slot": gpu["slot"], "type": event_type, "data": data})
+    del events[:-EVENTS_KEPT]
+
+
+def _set_recovery_action(state: dict[str, Any], gpu: dict[str, Any], value: int | None) -> None:
+    """A driver that reports the recovery action logs Xid 154 when it changes."""
+    before = gpu.get("recovery_action")
+    gpu["recovery_action"] = value
+    if value is None or (before if before is not None else 0) == value:
+        return
+    old = before if before is not None else 0
+    text = (
+        f"GPU recovery action changed from 0x{old:x} ({RECOVERY_ACTION_TEXT[old]}) to 0x{value:x} "
+        f"({RECOVERY_ACTION_TEXT[value]})"
+    )
+    _kernel_log(state, gpu, 154, None, text)
+    _event(state, gpu, EVENT_XID, 154)
+
+
+def _xid_effect(state: dict[str, Any], gpu: dict[str, Any], xid: int) -> None:
+    ecc, rows = gpu["ecc"], gpu["remapped_rows"]
+    if xid in (48, 94, 95, 171):  # an uncorrectable error: counted since the driver loaded and for life
+        for counter in ("volatile", "aggregate"):
+            ecc[counter]["uncorrected"] += 1
+        _event(state, gpu, EVENT_DOUBLE_BIT_ECC, 0)
+    if xid in (63, 94, 95) and rows is not None:  # on A100 the failing row is marked for remapping
+        rows["pending"] = 1
+    if xid == 64 and rows is not None:
+        rows["failure"] = 1
+        histogram = rows.get("histogram")
+        if histogram and histogram["max"] > 0:
+            histogram["max"] -= 1
+            histogram["none"] += 1
+    if xid == 79:
+        gpu["lost"] = True
+    if xid == 74:  # the first active link goes down, at both ends of a bridge
+        for link in gpu["nvlinks"]:
+            if link["active"]:
+                link["active"] = False
+                if link.get("remote_type") == "gpu":
+                    for peer_link in gpu_by_slot(state, link["remote_slot"])["nvlinks"]:
+                        if peer_link["link"] == link["remote_link"]:
+                            peer_link["active"] = False
+                break
+    if gpu.get("recovery_action") is not None and xid in XID_RECOVERY_ACTION:
+        _set_recovery_action(state, gpu, max(gpu["recovery_action"], XID_RECOVERY_ACTION[xid]))
+
+
+def cmd_xid(args: argparse.Namespace) -> str:
+    if not all(1 <= xid <= 1023 for xid in args.xid):
+        raise CtlError("--xid must be 1..1023")
+
+    def change(state: dict[str, Any]) -> str:
+        gpu = gpu_by_slot(state, args.gpu)
+        procs = gpu.get("processes") or []
+        for xid in args.xid:  # several: one burst, logged together as the driver's interrupt handler does
+            if args.pid is not None:
+                pid, name = str(args.pid), args.name or "python3"
+            elif xid in HARDWARE_XIDS or not procs:
+                pid, name = "'<unknown>'", "<unknown>"
+            else:
+                pid, name = str(procs[0]["pid"]), str(procs[0].get("name", "python3"))
+            text = args.text or XID_TEXT.get(xid, f"Xid {xid}")
+            _kernel_log(state, gpu, xid, (pid, name), text)
+            _event(state, gpu, EVENT_XID, xid)
+            if not args.log_only:
+                _xid_effect(state, gpu, xid)
+        shown = ", ".join(map(str, args.xid))
+        return f"GPU {args.gpu}: Xid {shown} logged to {kmsg_path()}" + (
+            "" if args.log_only else " (and the fault's effect on the GPU)"
+        )
+
+    return _mutate(change)
+
+
+def cmd_recovery_action(args: argparse.Namespace) -> str:
+    def change(state: dict[str, Any]) -> str:
+        gpu = gpu_by_slot(state, args.gpu)
+        if args.action == "unsupported":
+            gpu["recovery_action"] = None
+            return f"GPU {args.gpu}: the driver does not report a recovery action (as 535)"
+        _set_recovery_action(state, gpu, RECOVERY_ACTION_NAMES[args.action])
+        return f"GPU {args.gpu}: recovery action {args.action} (as an R565+ driver reports it)"
+
+    return _mutate(change)
+
+
+def cmd_gpu_reset(args: argparse.Namespace) -> str:
+    """What a GPU reset (nvidia-smi -r) does to the GPU: volatile ECC counters back to 0, a pending row remap
+    applied, links retrained, recovery action none. The failure flag and the lifetime counters stay."""
+
+    def change(state: dict[str, Any]) -> str:
+        if args.uuid:
+            found = [g for g in state["gpus"] if g["uuid"] == args.uuid]
+            if not found:
+                raise CtlError(f"no GPU {args.uuid}")
+            gpu = found[0]
+        else:
+            gpu = gpu_by_slot(state, args.gpu)
+        if gpu["lost"] or not gpu.get("present", True):
+            raise CtlError(f"GPU {gpu['slot']} is off the bus: a GPU reset cannot reach it, reboot the node")
+        gpu["ecc"]["volatile"] = {"corrected": 0, "uncorrected": 0}
+        rows = gpu["remapped_rows"]
+        if rows is not None and rows["pending"]:
+            rows["pending"] = 0
+            rows["uncorrectable"] += 1
+        if gpu.get("retired_pages"):
+            gpu["retired_pages"]["pending"] = 0
+        for link in gpu["nvlinks"]:
+            link["active"] = True
+            if link.get("remote_type") == "gpu":
+                for peer_link in gpu_by_slot(state, link["remote_slot"])["nvlinks"]:
+                    if peer_link["link"] == link["remote_link"]:
+                        peer_link["active"] = True
+        if gpu.get("recovery_action") is not None:
+            gpu["recovery_action"] = 0
+        return f"GPU {gpu['slot']} ({gpu['uuid']}) reset"
+
+    return _mutate(change)
+
+
+# ---------------------------------------------------------------------------------------------------
 # Command line
 # ---------------------------------------------------------------------------------------------------
 def _non_negative(text: str) -> int:
@@ -743,6 +985,37 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--used-mib", type=_non_negative, default=1024, help="GPU memory it uses (with --add)")
     p.set_defaults(func=cmd_process)
+
+    p = sub.add_parser(
+        "xid",
+        help="the driver reports an Xid: its kernel-log record (/dev/kmsg format, in $FAKE_NVML_KMSG), the"
+        " NVML event, and what the fault does to the GPU (94/95/48: an uncorrectable error, 63: a row remap"
+        " pending, 64: a remap failure, 79: off the bus, 74: an NVLink down; others: nothing)",
+    )
+    p.add_argument("--gpu", type=int, required=True)
+    p.add_argument(
+        "--xid", type=int, required=True, action="append", help="an Xid; repeated: one burst (48, 63, 94)"
+    )
+    p.add_argument("--pid", type=int, help="process the record names (default: the GPU's first, or unknown)")
+    p.add_argument("--name", help="its name (with --pid)")
+    p.add_argument("--text", help="the message after pid= and name= (default: the driver's for that Xid)")
+    p.add_argument("--log-only", action="store_true", help="the record and the event, the GPU left as it is")
+    p.set_defaults(func=cmd_xid)
+
+    p = sub.add_parser(
+        "recovery-action",
+        help="the recovery action an R565+ driver reports (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, Xid 154"
+        " logged when it changes); unsupported: a 535 driver, which does not report it (the default)",
+    )
+    p.add_argument("--gpu", type=int, required=True)
+    p.add_argument("--action", required=True, choices=[*RECOVERY_ACTION_NAMES, "unsupported"])
+    p.set_defaults(func=cmd_recovery_action)
+
+    p = sub.add_parser("gpu-reset", help="what a GPU reset (nvidia-smi -r) does to one GPU")
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--gpu", type=int)
+    target.add_argument("--uuid")
+    p.set_defaults(func=cmd_gpu_reset)
     return parser
 
 

@@ -31,12 +31,20 @@ import string
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from ctypes import (
     POINTER,
     Structure,
+    Union,
     c_char,
+    c_double,
+    c_int,
+    c_int64,
+    c_longlong,
     c_uint,
+    c_uint32,
+    c_ulong,
     c_ulonglong,
     c_void_p,
     cast,
@@ -194,6 +202,44 @@ NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE = 32
 NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE = 16
 NVML_DEVICE_PCI_BUS_ID_LEGACY_FMT = "%04X:%02X:%02X.0"
 NVML_DEVICE_PCI_BUS_ID_FMT = "%08X:%02X:%02X.0"
+
+_nvmlValueType_t = c_uint
+NVML_VALUE_TYPE_DOUBLE = 0
+NVML_VALUE_TYPE_UNSIGNED_INT = 1
+NVML_VALUE_TYPE_UNSIGNED_LONG = 2
+NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3
+NVML_VALUE_TYPE_SIGNED_LONG_LONG = 4
+NVML_VALUE_TYPE_SIGNED_INT = 5
+NVML_VALUE_TYPE_COUNT = 6
+
+# Field ids (nvmlDeviceGetFieldValues) the simulation answers; NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (230)
+# came with driver R565 and is not in nvidia-ml-py 12.535: the fake answers it by number only where the
+# state says the driver reports it (fake-nvml recovery-action).
+NVML_FI_DEV_REMAPPED_COR = 142
+NVML_FI_DEV_REMAPPED_UNC = 143
+NVML_FI_DEV_REMAPPED_PENDING = 144
+NVML_FI_DEV_REMAPPED_FAILURE = 145
+NVML_FI_MAX = 197
+
+# Event types (nvmlDeviceRegisterEvents)
+nvmlEventTypeSingleBitEccError = 0x0000000000000001
+nvmlEventTypeDoubleBitEccError = 0x0000000000000002
+nvmlEventTypePState = 0x0000000000000004
+nvmlEventTypeXidCriticalError = 0x0000000000000008
+nvmlEventTypeClock = 0x0000000000000010
+nvmlEventTypePowerSourceChange = 0x0000000000000080
+nvmlEventMigConfigChange = 0x0000000000000100
+nvmlEventTypeNone = 0x0000000000000000
+nvmlEventTypeAll = (
+    nvmlEventTypeNone
+    | nvmlEventTypeSingleBitEccError
+    | nvmlEventTypeDoubleBitEccError
+    | nvmlEventTypePState
+    | nvmlEventTypeClock
+    | nvmlEventTypePowerSourceChange
+    | nvmlEventTypeXidCriticalError
+    | nvmlEventMigConfigChange
+)
 
 NVML_VALUE_NOT_AVAILABLE_ulonglong = c_ulonglong(-1)
 NVML_VALUE_NOT_AVAILABLE_uint = c_uint(-1)
@@ -381,6 +427,57 @@ class c_nvmlProcessInfo_v2_t(_PrintableStructure):
 
 
 c_nvmlProcessInfo_t = c_nvmlProcessInfo_v2_t
+
+
+class c_nvmlValue_t(Union):
+    _fields_ = (
+        ("dVal", c_double),
+        ("uiVal", c_uint),
+        ("ulVal", c_ulong),
+        ("ullVal", c_ulonglong),
+        ("sllVal", c_longlong),
+        ("siVal", c_int),
+    )
+
+
+class c_nvmlFieldValue_t(_PrintableStructure):
+    _fields_ = (
+        ("fieldId", c_uint32),
+        ("scopeId", c_uint32),
+        ("timestamp", c_int64),
+        ("latencyUsec", c_int64),
+        ("valueType", _nvmlValueType_t),
+        ("nvmlReturn", _nvmlReturn_t),
+        ("value", c_nvmlValue_t),
+    )
+
+
+class c_nvmlRowRemapperHistogramValues(Structure):
+    _fields_ = (
+        ("max", c_uint),
+        ("high", c_uint),
+        ("partial", c_uint),
+        ("low", c_uint),
+        ("none", c_uint),
+    )
+
+
+class struct_c_nvmlEventSet_t(Structure):
+    pass  # opaque handle
+
+
+c_nvmlEventSet_t = POINTER(struct_c_nvmlEventSet_t)
+
+
+class c_nvmlEventData_t(_PrintableStructure):
+    _fields_ = (
+        ("device", c_nvmlDevice_t),
+        ("eventType", c_ulonglong),
+        ("eventData", c_ulonglong),
+        ("gpuInstanceId", c_uint),
+        ("computeInstanceId", c_uint),
+    )
+    _fmt_ = {"eventType": "0x%08X"}  # noqa: RUF012
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -906,6 +1003,146 @@ def nvmlDeviceGetRetiredPages(device: Any, sourceFilter: int) -> list[int]:
 def nvmlDeviceGetRetiredPagesPendingStatus(device: Any) -> int:
     pages = _require(_device("nvmlDeviceGetRetiredPagesPendingStatus", device).get("retired_pages"))
     return int(pages.get("pending", 0))
+
+
+# The bank availability histogram: how many DRAM banks have all (max), most (high), some (partial), few (low)
+# or none of their spare rows left. A GPU whose state has no histogram says Not Supported.
+_HISTOGRAM_KEYS = ("max", "high", "partial", "low", "none")
+
+
+def nvmlDeviceGetRowRemapperHistogram(device: Any) -> c_nvmlRowRemapperHistogramValues:
+    rows = _require(_device("nvmlDeviceGetRowRemapperHistogram", device).get("remapped_rows"))
+    histogram = _require(rows.get("histogram"))
+    values = c_nvmlRowRemapperHistogramValues()
+    for key in _HISTOGRAM_KEYS:
+        setattr(values, key, int(histogram.get(key, 0)))
+    return values
+
+
+# ---------------------------------------------------------------------------------------------------
+# Field values
+# ---------------------------------------------------------------------------------------------------
+_FIELD_RECOVERY_ACTION = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, R565 and later
+
+
+def _field_value(gpu: dict[str, Any], field_id: int) -> int | None:
+    rows = gpu.get("remapped_rows")
+    remap_keys = {
+        NVML_FI_DEV_REMAPPED_COR: "correctable",
+        NVML_FI_DEV_REMAPPED_UNC: "uncorrectable",
+        NVML_FI_DEV_REMAPPED_PENDING: "pending",
+        NVML_FI_DEV_REMAPPED_FAILURE: "failure",
+    }
+    if field_id in remap_keys and rows is not None:
+        return int(rows[remap_keys[field_id]])
+    if field_id == _FIELD_RECOVERY_ACTION and gpu.get("recovery_action") is not None:
+        return int(gpu["recovery_action"])
+    return None  # a field this driver does not report
+
+
+def nvmlDeviceGetFieldValues(handle: Any, fieldIds: list[Any]) -> Any:
+    """As NVML: the call succeeds and each value carries its own return code (Not Supported for a field
+    the simulated driver does not report, as a 535 driver for the recovery action)."""
+    gpu = _device("nvmlDeviceGetFieldValues", handle)
+    values = (c_nvmlFieldValue_t * len(fieldIds))()
+    now_us = int(time.time() * 1_000_000)
+    for i, field_id in enumerate(fieldIds):
+        try:
+            values[i].fieldId, values[i].scopeId = field_id
+        except TypeError:
+            values[i].fieldId = field_id
+        value = _field_value(gpu, int(values[i].fieldId))
+        values[i].timestamp = now_us
+        values[i].valueType = NVML_VALUE_TYPE_UNSIGNED_INT
+        if value is None:
+            values[i].nvmlReturn = NVML_ERROR_NOT_SUPPORTED
+        else:
+            values[i].nvmlReturn = NVML_SUCCESS
+            values[i].value.uiVal = value
+    return values
+
+
+# ---------------------------------------------------------------------------------------------------
+# Events. The state's "events" queue (fake-nvml xid appends to it) stands for the driver's: an event set
+# sees the events queued after it was created, for the GPUs and types registered on it.
+# ---------------------------------------------------------------------------------------------------
+_EVENT_SET_BASE = 0x6E650000
+# Xid, double/single-bit ECC, P-state, clock and MIG change events, as an A100 reports them
+_SUPPORTED_EVENT_TYPES = (
+    nvmlEventTypeSingleBitEccError
+    | nvmlEventTypeDoubleBitEccError
+    | nvmlEventTypePState
+    | nvmlEventTypeXidCriticalError
+    | nvmlEventTypeClock
+    | nvmlEventMigConfigChange
+)
+_event_sets: dict[int, dict[str, Any]] = {}
+
+
+def _event_set(eventSet: Any) -> dict[str, Any]:
+    if not isinstance(eventSet, c_nvmlEventSet_t):
+        _raise(NVML_ERROR_INVALID_ARGUMENT)
+    found = _event_sets.get((cast(eventSet, c_void_p).value or 0) - _EVENT_SET_BASE)
+    if found is None:
+        _raise(NVML_ERROR_INVALID_ARGUMENT)
+    return found
+
+
+def nvmlEventSetCreate() -> Any:
+    state = _begin("nvmlEventSetCreate")
+    with _lock:
+        number = max(_event_sets, default=0) + 1
+        _event_sets[number] = {"after": int(state.get("event_seq", 0)), "slots": {}}
+    return cast(c_void_p(_EVENT_SET_BASE + number), c_nvmlEventSet_t)
+
+
+def nvmlDeviceGetSupportedEventTypes(handle: Any) -> int:
+    _device("nvmlDeviceGetSupportedEventTypes", handle)
+    return _SUPPORTED_EVENT_TYPES
+
+
+def nvmlDeviceRegisterEvents(handle: Any, eventTypes: int, eventSet: Any) -> None:
+    gpu = _device("nvmlDeviceRegisterEvents", handle)
+    registered = _event_set(eventSet)
+    if int(eventTypes) & ~_SUPPORTED_EVENT_TYPES:
+        _raise(NVML_ERROR_NOT_SUPPORTED)
+    slots = registered["slots"]
+    slots[gpu["slot"]] = slots.get(gpu["slot"], 0) | int(eventTypes)
+    return None
+
+
+def nvmlEventSetWait_v2(eventSet: Any, timeoutms: int) -> c_nvmlEventData_t:
+    """The next event for the set, waiting up to timeoutms; NVMLError_Timeout when none comes."""
+    registered = _event_set(eventSet)
+    deadline = time.monotonic() + max(int(timeoutms), 0) / 1000
+    while True:
+        state = _begin("nvmlEventSetWait_v2")
+        for event in state.get("events", []):
+            if int(event["seq"]) <= registered["after"]:
+                continue
+            registered["after"] = int(event["seq"])
+            if registered["slots"].get(event["slot"], 0) & int(event["type"]):
+                data = c_nvmlEventData_t()
+                data.device = _make_handle({"slot": event["slot"]})
+                data.eventType = int(event["type"])
+                data.eventData = int(event.get("data", 0))
+                data.gpuInstanceId = 0xFFFFFFFF
+                data.computeInstanceId = 0xFFFFFFFF
+                return data
+        if time.monotonic() >= deadline:
+            _raise(NVML_ERROR_TIMEOUT)
+        time.sleep(0.02)
+
+
+def nvmlEventSetWait(eventSet: Any, timeoutms: int) -> c_nvmlEventData_t:
+    return nvmlEventSetWait_v2(eventSet, timeoutms)
+
+
+def nvmlEventSetFree(eventSet: Any) -> None:
+    _event_set(eventSet)
+    with _lock:
+        _event_sets.pop((cast(eventSet, c_void_p).value or 0) - _EVENT_SET_BASE, None)
+    return None
 
 
 # ---------------------------------------------------------------------------------------------------
