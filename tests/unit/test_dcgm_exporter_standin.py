@@ -23,12 +23,14 @@ from typing import Any
 
 import pytest
 from conftest import FAKE_NVML_DIR, FakeNode
-from monitoring_render import ROLE, UPSTREAM, dcgm_exporter_objects
+from lab.upstream_manifests import manifest as upstream_manifest
+from monitoring_render import ROLE, dcgm_exporter_objects
 
 STANDIN = Path(__file__).resolve().parents[1] / "lab" / "nvidia" / "dcgm_exporter.py"
 ROLE_COUNTERS = ROLE / "files" / "dcgm-exporter" / "counters.csv"
-UPSTREAM_COUNTERS = UPSTREAM / "dcgm-exporter" / "4.5.3-4.8.2" / "default-counters.csv"
-UPSTREAM_DCP_COUNTERS = UPSTREAM / "dcgm-exporter" / "4.5.3-4.8.2" / "dcp-metrics-included.csv"
+# the upstream counter files, byte-exact (tests/lab/upstream_manifests.py: ../shared/upstream or their pinned URLs)
+UPSTREAM_COUNTERS = upstream_manifest("dcgm-exporter/4.5.3-4.8.2/default-counters.csv")
+UPSTREAM_DCP_COUNTERS = upstream_manifest("dcgm-exporter/4.5.3-4.8.2/dcp-metrics-included.csv")
 
 
 def load_exporter() -> ModuleType:

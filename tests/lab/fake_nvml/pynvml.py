@@ -644,15 +644,15 @@ def nvmlInitWithFlags(flags: int) -> None:
 # lab's nvidia module refuses to unload under it), as every NVML client does on a server. The lab's driver
 # stand-in makes the node's /dev/nvidiactl when it loads the module; where there is none (a unit test on the
 # controller, a node without the driver), nothing is held.
-CONTROL_DEVICE = os.environ.get("FAKE_NVML_CONTROL_DEVICE", "/dev/nvidiactl")
+_CONTROL_DEVICE = os.environ.get("FAKE_NVML_CONTROL_DEVICE", "/dev/nvidiactl")
 _control_fd: int | None = None
 
 
 def _open_control_device() -> None:
     global _control_fd
-    if _control_fd is None and os.path.exists(CONTROL_DEVICE):
+    if _control_fd is None and os.path.exists(_CONTROL_DEVICE):
         try:
-            _control_fd = os.open(CONTROL_DEVICE, os.O_RDONLY | os.O_CLOEXEC)
+            _control_fd = os.open(_CONTROL_DEVICE, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             _control_fd = None
 
