@@ -100,8 +100,8 @@ def test_python3_and_every_venv_the_roles_made_are_python_3_10(node):
     )
     assert proc.returncode == 0, proc.stderr
     versions = dict(line.split() for line in proc.stdout.splitlines())
-    # the NVML venv on every GPU node (the GPU health agent runs in it too); the model tools and the API client's
-    # on the nodes that run them
+    # the NVML venv on every GPU node (the GPU health agent runs in it too); the model tools'
+    # and the API client's on the nodes that run them
     assert "/opt/nvidia-ml-py" in versions, f"python3 and at least the NVML venv expected: {versions}"
     assert {where: v for where, v in versions.items() if not v.startswith("3.10.")} == {}, versions
 
