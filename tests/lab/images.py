@@ -34,7 +34,7 @@ from pathlib import Path
 
 LAB_SRC = Path(__file__).resolve().parent
 REPO = LAB_SRC.parents[1]
-STATE = Path(os.environ.get("LAB_STATE_DIR", REPO / ".lab"))
+STATE = Path(os.environ.get("LAB_STATE_DIR", REPO / ".lab")).resolve()
 REGISTRY_DIR = STATE / "registry"
 DIGESTS = STATE / "images.json"  # ref -> {"inputs": hash, "digest": registry digest}
 # ref -> digest, what inventories/lab reads (lab_image_digests)

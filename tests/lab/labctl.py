@@ -33,7 +33,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 LAB_SRC = REPO / "tests" / "lab"
-STATE = Path(os.environ.get("LAB_STATE_DIR", REPO / ".lab"))
+STATE = Path(os.environ.get("LAB_STATE_DIR", REPO / ".lab")).resolve()
 IMAGE = "localhost/llm-lab-node:bookworm"
 # Plain Debian 12 (its python3 is 3.11), made by the same build: the base of the lab's application images
 # (the gateway), as production builds them on a slim Debian 12 Python image.
