@@ -28,7 +28,7 @@ TOOLKIT = [
     "libnvidia-container1",
 ]
 KUBE = ["kubeadm", "kubelet", "kubectl", "cri-tools", "kubernetes-cni"]
-# what the kube stand-ins need from the node's distribution (tests/lab/mirror/build_mirror.py)
+# the node's distribution packages the kube packages' Depends name (tests/lab/mirror/build_mirror.py)
 DISTRIBUTION = {"python3": "3.11.2-1+b1", "python3-yaml": "6.0-3+b2", "openssl": "3.0.15-1~deb12u1"}
 
 
