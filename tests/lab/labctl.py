@@ -61,6 +61,11 @@ NODES = (
 )
 
 
+def shown(path: Path) -> str:
+    """A path as messages name it: relative to the checkout when inside it (.lab may link elsewhere)."""
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
 def log(message: str) -> None:
     print(f"lab: {message}", flush=True)
 
@@ -204,7 +209,7 @@ def ensure_wheel_image(local: str, containerfile: Path, projects: list[Path], la
     current = podman("image", "inspect", "--format", f'{{{{ index .Labels "{label}" }}}}', local, check=False)
     if current.returncode == 0 and current.stdout.strip() == wanted:
         return
-    log(f"building image {local}: {what} ({containerfile.relative_to(REPO)}, base {BASE_IMAGE}@{base[:19]})")
+    log(f"building image {local}: {what} ({shown(containerfile)}, base {BASE_IMAGE}@{base[:19]})")
     wheels = STATE / "wheels" / local.rsplit("/", 1)[-1].split(":")[0]
     subprocess.run(["rm", "-rf", str(wheels)], check=True)
     built = subprocess.run(
@@ -232,7 +237,7 @@ def ensure_gateway_image() -> None:
     )
     image_digest = podman("image", "inspect", "--format", "{{.Digest}}", GATEWAY_IMAGE).stdout.strip()
     GATEWAY_DIGEST_FILE.write_text(image_digest + "\n")
-    log(f"image {GATEWAY_IMAGE}@{image_digest} ({GATEWAY_DIGEST_FILE.relative_to(REPO)})")
+    log(f"image {GATEWAY_IMAGE}@{image_digest} ({shown(GATEWAY_DIGEST_FILE)})")
 
 
 def ensure_vllm_sim_image() -> None:
@@ -252,7 +257,7 @@ def ensure_ssh_key() -> None:
     subprocess.run(
         ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "llm-lab", "-f", str(SSH_KEY)], check=True
     )
-    log(f"created the lab SSH key {SSH_KEY.relative_to(REPO)}")
+    log(f"created the lab SSH key {shown(SSH_KEY)}")
 
 
 def ensure_network() -> None:
@@ -639,7 +644,7 @@ def cmd_up(_: argparse.Namespace) -> None:
         f"up in {time.monotonic() - started:.0f}s: "
         + ", ".join(f"{n.name} (ssh 127.0.0.1:{n.ssh_port})" for n in NODES)
     )
-    log(f"ssh into a node: ssh -F {(STATE / 'ssh_config').relative_to(REPO)} gpu-node-1")
+    log(f"ssh into a node: ssh -F {shown(STATE / 'ssh_config')} gpu-node-1")
 
 
 def cmd_status(_: argparse.Namespace) -> None:
@@ -672,7 +677,7 @@ def cmd_destroy(_: argparse.Namespace) -> None:
         )
     if STATE.exists():
         subprocess.run(["rm", "-rf", str(STATE)], check=True)
-        log(f"removed {STATE.relative_to(REPO)}/")
+        log(f"removed {shown(STATE)}/")
     log("destroyed: nothing of the lab is left")
 
 
