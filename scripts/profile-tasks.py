@@ -47,7 +47,7 @@ RECAP = re.compile(r"^(PLAY RECAP|TASKS RECAP) \**\s*$")
 # "Tuesday 01 December 2026  18:35:13 +0000 (0:00:00.092)       0:00:03.408 ******"
 CLOCK = re.compile(r"\((?P<h>\d+):(?P<m>\d\d):(?P<s>\d\d(?:\.\d+)?)\)\s+\d+:\d\d:\d\d(?:\.\d+)?\s+\**\s*$")
 RESULT = re.compile(r"^(?P<status>ok|changed|skipping|included|fatal|failed): \[(?P<host>[^\]]+)\]")
-INCLUDED = re.compile(r"^included: .* for (?P<hosts>.*)$")
+INCLUDED = re.compile(r"^included: .* for (?P<hosts>.*?)(?: => \(item=.*\))?$")
 ARG_SPEC = re.compile(r"^Validating arguments against arg spec ")
 
 

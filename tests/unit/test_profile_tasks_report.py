@@ -97,6 +97,15 @@ def test_roles_plays_hosts_and_items(profile):
     )
 
 
+def test_an_include_in_a_loop_names_its_hosts_without_the_item(profile):
+    log = LOG.replace(
+        "included: check_argument_types for gpu-node-1, gpu-node-2",
+        "included: check_argument_types for gpu-node-1, gpu-node-2 => (item=common)",
+    )
+    tasks = {t.title: t for t in profile.parse(log.splitlines())}
+    assert tasks["Check the types of the common variables"].hosts == {"gpu-node-1", "gpu-node-2"}
+
+
 def test_the_kind_comes_from_the_repository_task_files(profile):
     tasks = {t.title: t for t in profile.parse(LOG.splitlines())}
     kinds = {title: (t.kind, t.module) for title, t in tasks.items()}
