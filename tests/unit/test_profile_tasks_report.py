@@ -1,0 +1,156 @@
+"""scripts/profile-tasks.py: a profile_tasks log grouped by play, role and kind (docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "profile-tasks.py"
+
+
+@pytest.fixture(scope="module")
+def profile():
+    spec = importlib.util.spec_from_file_location("profile_tasks", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["profile_tasks"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+# profile_tasks' own layout: the clock line under each header carries the previous task's duration.
+LOG = """
+PLAY [Baseline for every server of the cluster] ********************************
+
+TASK [Gathering Facts] *********************************************************
+Tuesday 01 December 2026  18:35:10 +0000 (0:00:00.026)       0:00:00.026 ******
+ok: [gpu-node-1]
+ok: [gpu-node-2]
+
+TASK [common : Validating arguments against arg spec 'main' - Baseline for the cluster's servers] ***
+Tuesday 01 December 2026  18:35:13 +0000 (0:00:03.289)       0:00:03.315 ******
+ok: [gpu-node-1]
+ok: [gpu-node-2]
+
+TASK [Check the types of the common variables] *********************************
+Tuesday 01 December 2026  18:35:13 +0000 (0:00:00.092)       0:00:03.408 ******
+included: check_argument_types for gpu-node-1, gpu-node-2
+
+TASK [check_argument_types : Check the variable types of role common] **********
+Tuesday 01 December 2026  18:35:14 +0000 (0:00:00.109)       0:00:03.606 ******
+ok: [gpu-node-1] => (item=common_hostname_manage)
+ok: [gpu-node-2] => (item=common_hostname_manage)
+ok: [gpu-node-1] => (item=common_base_packages)
+ok: [gpu-node-2] => (item=common_base_packages)
+
+TASK [common : Install the base packages] **************************************
+Tuesday 01 December 2026  18:35:15 +0000 (0:00:01.207)       0:00:04.813 ******
+ok: [gpu-node-1]
+ok: [gpu-node-2]
+
+PLAY [Kubernetes pod network - Calico] *****************************************
+
+TASK [calico : Apply calico.yaml with CALICO_IPV4POOL_CIDR set] ****************
+Tuesday 01 December 2026  18:35:18 +0000 (0:00:02.850)       0:00:07.663 ******
+ok: [gpu-node-1]
+
+TASK [calico : Wait until calico-node runs Ready on every node] ****************
+Tuesday 01 December 2026  18:35:47 +0000 (0:00:29.430)       0:00:37.093 ******
+ok: [gpu-node-2 -> gpu-node-1(127.0.0.1)]
+
+PLAY RECAP *********************************************************************
+gpu-node-1                 : ok=7  changed=0    unreachable=0    failed=0    skipped=0    rescued=0
+
+TASKS RECAP ********************************************************************
+Tuesday 01 December 2026  18:35:48 +0000 (0:00:01.000)       0:00:38.093 ******
+"""
+
+
+def test_each_task_gets_the_duration_printed_under_the_next_header(profile):
+    tasks = profile.parse(LOG.splitlines())
+    assert [t.title for t in tasks][:2] == [
+        "Gathering Facts",
+        "common : Validating arguments against arg spec 'main' - Baseline for the cluster's servers",
+    ]
+    assert [t.seconds for t in tasks] == [3.289, 0.092, 0.109, 1.207, 2.85, 29.43, 1.0]
+    # the first clock line's figure is the start-up before the first task: nobody's
+    assert sum(t.seconds for t in tasks) == pytest.approx(37.977)
+
+
+def test_roles_plays_hosts_and_items(profile):
+    tasks = {t.title: t for t in profile.parse(LOG.splitlines())}
+    types = tasks["check_argument_types : Check the variable types of role common"]
+    assert (types.role, types.play, types.items) == (
+        "check_argument_types",
+        "Baseline for every server of the cluster",
+        4,
+    )
+    assert types.hosts == {"gpu-node-1", "gpu-node-2"}
+    # an include names its hosts on one line; a delegated result counts for the host it ran for
+    assert tasks["Check the types of the common variables"].hosts == {"gpu-node-1", "gpu-node-2"}
+    assert tasks["calico : Wait until calico-node runs Ready on every node"].hosts == {"gpu-node-2"}
+    assert tasks["calico : Apply calico.yaml with CALICO_IPV4POOL_CIDR set"].play == (
+        "Kubernetes pod network - Calico"
+    )
+
+
+def test_an_include_in_a_loop_names_its_hosts_without_the_item(profile):
+    log = LOG.replace(
+        "included: check_argument_types for gpu-node-1, gpu-node-2",
+        "included: check_argument_types for gpu-node-1, gpu-node-2 => (item=common)",
+    )
+    tasks = {t.title: t for t in profile.parse(log.splitlines())}
+    assert tasks["Check the types of the common variables"].hosts == {"gpu-node-1", "gpu-node-2"}
+
+
+def test_the_kind_comes_from_the_repository_task_files(profile):
+    tasks = {t.title: t for t in profile.parse(LOG.splitlines())}
+    kinds = {title: (t.kind, t.module) for title, t in tasks.items()}
+    assert kinds["Gathering Facts"] == ("facts", "gather_facts")
+    spec = "common : Validating arguments against arg spec 'main' - Baseline for the cluster's servers"
+    assert kinds[spec][0] == "arg specs"
+    # include_role prints no role: found among every role's tasks
+    assert kinds["Check the types of the common variables"] == ("include", "include_role")
+    # a name with Jinja in the task file ("... of role {{ ansible_parent_role_names[0] }}")
+    assert kinds["check_argument_types : Check the variable types of role common"] == ("controller", "assert")
+    assert kinds["common : Install the base packages"] == ("package", "apt")
+    # until/retries makes a task a wait, whatever its module
+    assert kinds["calico : Wait until calico-node runs Ready on every node"] == ("wait", "k8s_info")
+
+
+def test_a_name_the_repository_no_longer_has_is_unknown(profile):
+    log = LOG.replace("Install the base packages", "A task renamed since")
+    tasks = {t.title: t for t in profile.parse(log.splitlines())}
+    assert tasks["common : A task renamed since"].kind == "unknown"
+
+
+def test_the_report_sums_by_role_and_kind_and_lists_repeats(profile):
+    # the baseline play twice: its last task's duration is printed under the second copy's first header
+    log = LOG + LOG.split("PLAY RECAP")[0].split("PLAY [Kubernetes")[0]
+    text = profile.report(profile.parse(log.splitlines()), top=3, repeated=5)
+    assert "### By role" in text and "### By kind" in text and "### By play" in text
+    role_rows = {
+        line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("| ")
+    }
+    assert role_rows["calico"].split(" | ")[1:3] == ["2", "29.5"]
+    # every task of the second copy ran twice: listed with its count
+    assert "| common : Install the base packages | 2 |" in text
+
+
+def test_the_command_line_prints_the_tables(profile, tmp_path, capsys):
+    log = tmp_path / "run.log"
+    log.write_text(LOG)
+    assert profile.main([str(log), "--top", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "### Slowest tasks" in out
+    assert "calico : Apply calico.yaml with CALICO_IPV4POOL_CIDR set | api | k8s | 1 |" in out
+
+
+def test_a_log_without_profile_tasks_is_refused(profile, tmp_path, capsys):
+    log = tmp_path / "run.log"
+    log.write_text("PLAY RECAP ****\n")
+    assert profile.main([str(log)]) == 1
+    assert "no profile_tasks task headers" in capsys.readouterr().err
