@@ -1,5 +1,7 @@
-"""The main job on the lab: repair a half-built lab, converge playbooks/site.yml over SSH,
-then prove it idempotent (--check, then a second run as `make lab`, report changed=0 on every host).
+"""The main job on the lab: repair a half-built lab, converge playbooks/site.yml over SSH, then prove it
+idempotent and still finding drift (issue 19): four things drift behind Ansible's back (tests/lab/drift.py),
+`--check --diff` reports exactly those, and the second run, `make lab` as the README has engineers run it,
+puts back exactly those and changes nothing else.
 
     make lab-up && .venv/bin/pytest -m lab tests/lab/test_site_on_lab.py -v
 
@@ -13,7 +15,9 @@ import os
 import re
 import signal
 import sys
+from collections.abc import Iterator
 
+import drift
 import pytest
 import yaml
 from labrun import NODES, ROOT, Run, command, on_node, playbook, podman, running_nodes
@@ -26,8 +30,8 @@ PROXY_MODE = yaml.safe_load((ROOT / "inventories/lab/group_vars/k8s_cluster.yml"
 ]
 
 
-def site(*extra: str) -> Run:
-    run = playbook("playbooks/site.yml", *extra)
+def site(*extra: str, json_callback: bool = False) -> Run:
+    run = playbook("playbooks/site.yml", *extra, json_callback=json_callback)
     assert run.rc == 0, f"site.yml {' '.join(extra)} failed (rc {run.rc}):\n{run.tail()}"
     assert set(run.recap) == set(NODES), f"PLAY RECAP lacks hosts: {sorted(run.recap)}\n{run.tail(3000)}"
     return run
@@ -65,13 +69,31 @@ def test_lab_up_repairs_a_half_created_lab():
         assert reset.returncode == 0, reset.stderr
 
 
-def test_site_converges_then_check_reports_no_change():
+@pytest.fixture(scope="module")
+def drifted() -> Iterator[dict[str, str]]:
+    """The gateway's configuration before the drift, once it is made; at the end the drift is put back by
+    hand whatever the runs did, so a failure here leaves no drifted lab to the tests after it."""
+    made: dict[str, str] = {}
+    yield made
+    if "config" in made:
+        drift.put_back(made["config"])
+
+
+def test_site_converges_then_check_reports_exactly_the_drift(drifted):
     first = site()
     assert all(r["failed"] == 0 and r["unreachable"] == 0 for r in first.recap.values()), first.recap
 
-    # the second real run is `make lab` below, as the README has engineers run it
-    checked = site("--check", "--diff")
-    assert checked.changed() == dict.fromkeys(NODES, 0), checked.changed_tasks()
+    # the second real run is `make lab` below; before it, four things drift (tests/lab/drift.py)
+    drifted["config"] = drift.inject()
+    checked = site("--check", "--diff", json_callback=True)
+    missing, other = drift.unexpected_changes(checked)
+    assert missing == [], f"--check --diff did not report the drift: {missing}"
+    assert other == [], f"--check --diff reports changes beyond the drift: {other}"
+    assert checked.changed()[NODES[2]] == 0, checked.changed()
+    # and check mode changed nothing
+    assert drift.power_limits_w()[drift.GPU] == drift.DRIFT_POWER_W
+    assert drift.PACKAGE not in drift.held()
+    assert drift.sysctl_value() == "0"
 
 
 @pytest.mark.parametrize("node", NODES)
@@ -117,12 +139,24 @@ def test_apt_policy_shows_the_stand_in_packages_from_the_lab_mirror():
     assert "535.216.03-0ubuntu1" in policy
 
 
-def test_make_lab_on_the_converged_lab_changes_nothing_and_reports_every_node():
+def test_make_lab_puts_back_exactly_the_drift_and_reports_every_node(drifted):
     """The README's main command, as an engineer runs it: lab-up, site.yml, then the report. After the
-    converging run above it is the second run: changed=0 on every host."""
+    converging run above it is the second run: it puts back the four drifts (each task changed on its host)
+    and changes nothing else, gpu-node-3, which did not drift, changed=0."""
+    if "config" not in drifted:
+        pytest.fail("no drift was made: the converge above failed")
     made = command("make", "lab")
     assert made.rc == 0, made.tail()
-    assert made.changed() == dict.fromkeys(NODES, 0), made.changed_tasks()
+    tasks = [name.split(" : ", 1)[-1] for name in made.changed_tasks()]
+    wanted = set(drift.EXPECTED_TASKS.values())
+    assert {t for t in tasks if not any(t.startswith(w) for w in wanted)} == set(), made.changed_tasks()
+    assert {w for w in wanted if not any(t.startswith(w) for t in tasks)} == set(), made.changed_tasks()
+    assert made.changed()[NODES[2]] == 0, made.changed()
+    assert made.changed()[drift.NODE] == 3 and made.changed()[drift.CONTROL_PLANE] == 1, made.changed()
+    assert set(drift.power_limits_w()) == {drift.POWER_W}
+    assert drift.PACKAGE in drift.held()
+    assert drift.sysctl_value() == drift.SYSCTL_VALUE
+    assert drift.gateway_config() == drifted["config"]
     # one line per node; the YAML callback may wrap it once
     line = (
         r"msg: driver 535\.183\.06 \(CUDA 12\.2\), 4 x NVIDIA A100-PCIE-40GB,[^\n]*"  # first line

@@ -1,0 +1,157 @@
+"""Drift made behind Ansible's back on the converged lab, and how a site run must report it (issue 19:
+whatever makes the no-op faster must keep finding it). tests/lab/test_site_on_lab.py makes it after the
+first converge: `--check --diff` must name exactly these four, `make lab` must put back exactly these.
+
+- a power cap changed on one GPU of gpu-node-2 (the fake NVML's `power`, as an operator's nvidia-smi -pl);
+- kubelet unheld on gpu-node-2 (`apt-mark unhold`);
+- net.bridge.bridge-nf-call-ip6tables set to 0 on gpu-node-2 (a net.* parameter: the lab nodes' other
+  parameters are read-only, docs/lab.md; this one is the node's own network namespace and the least
+  disruptive of the role's three);
+- the gateway's ConfigMap edited in the cluster (a comment appended to gateway.yaml).
+
+Each expected value comes from its one home: the role's defaults and the lab inventory.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+
+import yaml
+from labrun import ADMIN_KUBECTL, NODES, ROOT, Run, on_node
+from unit.role_render import RoleVars
+
+NODE = "gpu-node-2"
+CONTROL_PLANE = NODES[0]
+GPU = 1
+DRIFT_POWER_W = 180
+PACKAGE = "kubelet"
+SYSCTL = "net.bridge.bridge-nf-call-ip6tables"
+
+_LAB_VARS: dict[str, object] = {}
+for _name in ("all.yml", "gpu_nodes.yml", "k8s_cluster.yml"):
+    _LAB_VARS |= yaml.safe_load((ROOT / "inventories/lab/group_vars" / _name).read_text()) or {}
+
+
+def _role(role: str) -> RoleVars:
+    return RoleVars(role, **{k: v for k, v in _LAB_VARS.items() if k.startswith(f"{role}_")})
+
+
+# each value's one home: the role's defaults and the lab inventory
+POWER_W = int(_role("gpu_tuning")["gpu_tuning_power_limit_w"])
+SYSCTL_VALUE = str(_role("kubernetes_node")["kubernetes_node_sysctls"][SYSCTL])
+NAMESPACE = _role("llm_gateway")["llm_gateway_namespace"]
+CONFIGMAP = "llm-gateway-config"  # roles/llm_gateway/templates/configmap.yml.j2
+
+# (task name start, host its result is reported on): what the first run must change, and nothing else
+EXPECTED_TASKS = {
+    "power": "Apply power cap, target temperature and persistence mode",
+    "hold": "Hold kubeadm, kubelet, kubectl, cri-tools and kubernetes-cni",
+    "sysctl": "Set the kernel parameters now and at boot",
+    "configmap": "Apply the gateway's ConfigMap, Service, PodDisruptionBudget and Deployment",
+}
+# the serving play applies the gateway's objects once, reported on the control plane
+EXPECTED = {(task, CONTROL_PLANE if key == "configmap" else NODE) for key, task in EXPECTED_TASKS.items()}
+
+
+def run_on(node: str, command: str) -> str:
+    proc = on_node(node, command, timeout=120)
+    assert proc.returncode == 0, f"{node}: {command}: {proc.stderr}"
+    return proc.stdout
+
+
+def power_limits_w() -> list[int]:
+    return [int(w) for w in re.findall(r"power (\d+) W", run_on(NODE, "fake-nvml show"))]
+
+
+def held() -> set[str]:
+    return set(run_on(NODE, "apt-mark showhold").split())
+
+
+def sysctl_value() -> str:
+    return run_on(NODE, f"cat /proc/sys/{SYSCTL.replace('.', '/')}").strip()
+
+
+def gateway_config() -> str:
+    got = run_on(CONTROL_PLANE, f"{ADMIN_KUBECTL} -n {NAMESPACE} get configmap {CONFIGMAP} -o json")
+    return json.loads(got)["data"]["gateway.yaml"]
+
+
+def set_gateway_config(text: str) -> None:
+    patch = json.dumps([{"op": "replace", "path": "/data/gateway.yaml", "value": text}])
+    run_on(
+        CONTROL_PLANE,
+        f"{ADMIN_KUBECTL} -n {NAMESPACE} patch configmap {CONFIGMAP} --type json -p {shlex.quote(patch)}",
+    )
+
+
+def _label(item: object) -> str:
+    """A loop item as the tasks label it: a package, key=value, Kind/name."""
+    if isinstance(item, dict) and "key" in item:
+        return f"{item['key']}={item['value']}"
+    if isinstance(item, dict) and "kind" in item:
+        return f"{item['kind']}/{item.get('metadata', {}).get('name', '')}"
+    return "" if item is None else str(item)
+
+
+def changed_results(run: Run) -> list[tuple[str, str, str]]:
+    """(task, host, item label) of every changed result of a JSON-callback run, handlers included."""
+    assert run.result is not None
+    found = []
+    for play in run.result["plays"]:
+        for task in play["tasks"]:
+            name = task["task"]["name"].split(" : ", 1)[-1]
+            for host, result in task["hosts"].items():
+                for item in result.get("results", [result]):
+                    if item.get("changed"):
+                        found.append((name, host, _label(item.get("item"))))
+    return found
+
+
+def inject() -> str:
+    """Make the four drifts on the converged lab; the gateway's configuration as it was."""
+    limits = power_limits_w()
+    assert limits and set(limits) == {POWER_W}, f"not converged ({limits})"
+    assert PACKAGE in held() and sysctl_value() == SYSCTL_VALUE, "not converged"
+    config = gateway_config()
+    run_on(NODE, f"fake-nvml power --gpu {GPU} --limit-w {DRIFT_POWER_W}")
+    run_on(NODE, f"apt-mark unhold {PACKAGE}")
+    run_on(NODE, f"sysctl -w {SYSCTL}=0")
+    set_gateway_config(config + "\n# edited in the cluster by tests/lab/test_site_on_lab.py\n")
+    assert power_limits_w()[GPU] == DRIFT_POWER_W
+    assert PACKAGE not in held()
+    assert sysctl_value() == "0"
+    assert gateway_config() != config
+    return config
+
+
+def put_back(config: str) -> None:
+    """By hand, whatever the runs did: the lab as the product leaves it."""
+    run_on(NODE, f"fake-nvml power --gpu {GPU} --limit-w {POWER_W}")
+    run_on(NODE, f"apt-mark hold {PACKAGE}")
+    run_on(NODE, f"sysctl -w {SYSCTL}={SYSCTL_VALUE}")
+    if gateway_config() != config:
+        set_gateway_config(config)
+
+
+def unexpected_changes(run: Run) -> tuple[list[tuple[str, str]], list[tuple[str, str, str]]]:
+    """(expected tasks not reported changed, changes that are not the drift) of a JSON-callback run; within
+    the expected tasks, exactly the drifted item."""
+    changed = changed_results(run)
+    drifted_items = {
+        EXPECTED_TASKS["hold"]: PACKAGE,
+        EXPECTED_TASKS["sysctl"]: f"{SYSCTL}={SYSCTL_VALUE}",
+        EXPECTED_TASKS["configmap"]: f"ConfigMap/{CONFIGMAP}",
+    }
+    missing = [
+        (task, host)
+        for task, host in sorted(EXPECTED)
+        if not any(name.startswith(task) and at == host for name, at, _ in changed)
+    ]
+    other = []
+    for name, host, label in changed:
+        task = next((task for task, at in EXPECTED if name.startswith(task) and at == host), None)
+        if task is None or (task in drifted_items and label != drifted_items[task]):
+            other.append((name, host, label))
+    return missing, other
