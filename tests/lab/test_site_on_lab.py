@@ -90,7 +90,7 @@ def test_pynvml_lists_the_four_simulated_a100s(node):
 @pytest.mark.parametrize("node", NODES)
 def test_python3_and_every_venv_the_roles_made_are_python_3_10(node):
     """Ubuntu 22.04's python3 is 3.10: so is the lab nodes' (labctl.node_python), and every venv the roles
-    made from it (/opt/*: the NVML venv, the model tools, the GPU health agent, the API client), so
+    made from it (/opt/*: the NVML venv the GPU health agent runs in too, the model tools, the API client), so
     node-side code newer than 3.10 fails here first."""
     proc = on_node(
         node,
@@ -100,7 +100,9 @@ def test_python3_and_every_venv_the_roles_made_are_python_3_10(node):
     )
     assert proc.returncode == 0, proc.stderr
     versions = dict(line.split() for line in proc.stdout.splitlines())
-    assert len(versions) >= 3, f"python3 and at least the NVML and agent venvs expected: {versions}"
+    # the NVML venv on every GPU node (the GPU health agent runs in it too); the model tools'
+    # and the API client's on the nodes that run them
+    assert "/opt/nvidia-ml-py" in versions, f"python3 and at least the NVML venv expected: {versions}"
     assert {where: v for where, v in versions.items() if not v.startswith("3.10.")} == {}, versions
 
 

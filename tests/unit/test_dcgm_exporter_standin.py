@@ -28,7 +28,8 @@ from monitoring_render import ROLE, dcgm_exporter_objects
 
 STANDIN = Path(__file__).resolve().parents[1] / "lab" / "nvidia" / "dcgm_exporter.py"
 ROLE_COUNTERS = ROLE / "files" / "dcgm-exporter" / "counters.csv"
-# the upstream counter files, byte-exact (tests/lab/upstream_manifests.py: ../shared/upstream or their pinned URLs)
+# the upstream counter files, byte-exact
+# (tests/lab/upstream_manifests.py: ../shared/upstream or their pinned URLs)
 UPSTREAM_COUNTERS = upstream_manifest("dcgm-exporter/4.5.3-4.8.2/default-counters.csv")
 UPSTREAM_DCP_COUNTERS = upstream_manifest("dcgm-exporter/4.5.3-4.8.2/dcp-metrics-included.csv")
 
