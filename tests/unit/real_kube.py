@@ -15,8 +15,9 @@ certificatesDir is the cluster's temporary directory:
   --authorization-mode=Node,RBAC, its --enable-admission-plugins, its service-account flags.
 
 No kubelet, scheduler or kube-proxy: a test that needs Nodes registers them through the API as a kubelet does
-(`ControlPlane.register_node`). Processes die with the test process that started them (PR_SET_PDEATHSIG), and
-`ControlPlane.stop` ends them and removes their directory.
+(`ControlPlane.register_node`), and one that needs pods on them runs `Kubelets`, which writes through the API
+what those Nodes' kubelets would for their pods (no container runs). Processes die with the test process that
+started them (PR_SET_PDEATHSIG), and `ControlPlane.stop` ends them and removes their directory.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from __future__ import annotations
 import base64
 import contextlib
 import ctypes
+import hashlib
 import http.client
+import itertools
 import json
 import os
 import shutil
@@ -34,9 +37,10 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -47,10 +51,22 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT / "tests") not in sys.path:  # pytest puts it there (pyproject.toml); a script run does not
     sys.path.append(str(ROOT / "tests"))
 # What the unit tests need from kube-controller-manager (ControlPlane.start_controllers), and which:
-# test_gpu_health_agent.py's agent token is the role's Secret of type kubernetes.io/service-account-token,
-# which the token controller fills in. Nothing else runs: no namespace deletion, no garbage collection, no
-# node lifecycle.
-CONTROLLERS = ("serviceaccount-token-controller",)
+# - serviceaccount-token-controller: test_gpu_health_agent.py's agent token is the role's Secret of type
+#   kubernetes.io/service-account-token, which the token controller fills in;
+# - serviceaccount-controller: a namespace's `default` ServiceAccount, without which the API server's
+#   ServiceAccount admission refuses every pod of the namespace (test_oncall_playbooks.py's and
+#   test_driver_gpu_clients.py's pods);
+# - daemonset-controller: test_driver_gpu_clients.py's GPU DaemonSets leave a node that loses the GPU label
+#   and come back with it;
+# - disruption-controller: the PodDisruptionBudgets' status the eviction API judges by
+#   (test_oncall_playbooks.py's drains).
+# Nothing else runs: no namespace deletion, no garbage collection, no node lifecycle, no ReplicaSets.
+CONTROLLERS = (
+    "serviceaccount-token-controller",
+    "serviceaccount-controller",
+    "daemonset-controller",
+    "disruption-controller",
+)
 # kubeadm replaces a loopback advertise address with a host interface's (and fails where it finds none:
 # "unable to select an IP from lo network interface"), so the cluster advertises a documentation address
 # (RFC 5737) that nothing routes to; every process binds, and is reached, on 127.0.0.1
@@ -441,9 +457,182 @@ class ControlPlane:
             ],
             "addresses": [{"type": "InternalIP", "address": ip}, {"type": "Hostname", "address": name}],
         }
-        return self.admin.ok(
+        self.admin.ok(
             "PATCH", f"/api/v1/nodes/{name}/status", {"status": status}, "application/merge-patch+json"
         )
+        # The API server's TaintNodesByCondition admission taints a new Node not-ready (NoSchedule) and the
+        # node lifecycle controller takes the taint off once the Node is Ready; that controller does not run
+        # (with no kubelet renewing the Node's Lease it would turn every Node NotReady), so its work is done
+        # here: a DaemonSet's pods do not tolerate the taint.
+        node = self.admin.ok("GET", f"/api/v1/nodes/{name}")
+        taints = node["spec"].get("taints") or []
+        node["spec"]["taints"] = [t for t in taints if t.get("key") != "node.kubernetes.io/not-ready"] or None
+        return self.admin.ok("PUT", f"/api/v1/nodes/{name}", node)
+
+
+class Kubelets:
+    """What the kubelets of Nodes registered through the API (ControlPlane.register_node) would write for
+    their pods, written by a thread of the test process every INTERVAL seconds. No kubelet and no container
+    runs; for the pods of NODES:
+
+    - a pod bound to one of them and not reported yet: its status, Running with every container started and
+      Ready (the status subresource, as the kubelet's status manager reports a pod whose containers started);
+    - a pod deleted gracefully (deletionTimestamp set, by a delete or an eviction through the API): the final
+      delete the kubelet sends once its containers stopped (grace period 0, the pod's UID as precondition),
+      without which the API server keeps the pod terminating for ever;
+    - a DaemonSet's pod not bound yet: the binding the scheduler makes (no scheduler runs) to the one node the
+      DaemonSet controller names in the pod's required node affinity, when that node is one of NODES and its
+      labels match the pod's nodeSelector: nothing else is the scheduler's choice there.
+
+    Its writes are the super-admin's (the kubelets' own credentials and NodeRestriction are not exercised).
+    """
+
+    def __init__(self, plane: ControlPlane, nodes: Iterable[str], interval: float = 0.3) -> None:
+        self.admin = plane.admin
+        self.nodes = set(nodes)
+        self.interval = interval
+        self.errors: list[str] = []  # what the API answered that a kubelet would not have expected
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pod_ips = itertools.count(2)
+
+    def __enter__(self) -> Kubelets:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="kubelets", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=60)
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.sync()
+            except (OSError, AssertionError, http.client.HTTPException) as exc:
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+            self._stop.wait(self.interval)
+
+    def sync(self) -> None:
+        """One pass over every pod of the cluster."""
+        nodes: dict[str, dict[str, Any]] | None = None  # read when a pod needs its node
+        for pod in self.admin.ok("GET", "/api/v1/pods")["items"]:
+            node_name = pod["spec"].get("nodeName") or _daemonset_node(pod)
+            if node_name not in self.nodes:
+                continue
+            if nodes is None:
+                nodes = {n["metadata"]["name"]: n for n in self.admin.ok("GET", "/api/v1/nodes")["items"]}
+            node = nodes.get(node_name)
+            if node is None:
+                continue
+            if not pod["spec"].get("nodeName"):
+                self._bind(pod, node)
+            elif pod["metadata"].get("deletionTimestamp"):
+                self._finish_deletion(pod)
+            elif (pod.get("status") or {}).get("phase") != "Running":
+                self._report_running(pod, node)
+
+    def _write(self, method: str, path: str, body: Any, ctype: str = "application/json") -> None:
+        code, out = self.admin.request(method, path, body, ctype)
+        if code >= 300 and code not in (404, 409):  # gone, or changed meanwhile: the next pass sees it
+            self.errors.append(f"{method} {path} -> {code}: {out}")
+
+    def _bind(self, pod: dict[str, Any], node: dict[str, Any]) -> None:
+        labels = node["metadata"].get("labels") or {}
+        if any(labels.get(k) != v for k, v in (pod["spec"].get("nodeSelector") or {}).items()):
+            return
+        meta = pod["metadata"]
+        binding = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"]},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node["metadata"]["name"]},
+        }
+        self._write("POST", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/binding", binding)
+
+    def _finish_deletion(self, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        options = {
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "gracePeriodSeconds": 0,
+            "preconditions": {"uid": meta["uid"]},
+        }
+        self._write("DELETE", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}", options)
+
+    def _report_running(self, pod: dict[str, Any], node: dict[str, Any]) -> None:
+        meta, spec = pod["metadata"], pod["spec"]
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        host_ip = next(
+            a["address"] for a in node["status"].get("addresses") or [] if a.get("type") == "InternalIP"
+        )
+        if spec.get("hostNetwork"):
+            pod_ip = host_ip
+        else:
+            n = next(self._pod_ips)
+            pod_ip = f"10.244.{n // 250}.{n % 250 + 2}"
+        conditions = ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled")
+
+        def digest(text: str) -> str:
+            return hashlib.sha256(text.encode()).hexdigest()
+
+        status = {
+            "phase": "Running",
+            "hostIP": host_ip,
+            "hostIPs": [{"ip": host_ip}],
+            "podIP": pod_ip,
+            "podIPs": [{"ip": pod_ip}],
+            "startTime": now,
+            "conditions": [{"type": c, "status": "True", "lastTransitionTime": now} for c in conditions],
+            "containerStatuses": [
+                {
+                    "name": c["name"],
+                    "image": c["image"],
+                    "imageID": f"{c['image'].rsplit(':', 1)[0]}@sha256:{digest(c['image'])}",
+                    "containerID": f"containerd://{digest(meta['uid'] + c['name'])}",
+                    "ready": True,
+                    "started": True,
+                    "restartCount": 0,
+                    "state": {"running": {"startedAt": now}},
+                }
+                for c in spec["containers"]
+            ],
+        }
+        self._write(
+            "PATCH",
+            f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status",
+            {"status": status},
+            "application/merge-patch+json",
+        )
+
+
+def _daemonset_node(pod: dict[str, Any]) -> str | None:
+    """The node a DaemonSet's pod is for: the DaemonSet controller's required affinity to one node's name."""
+    if not any(
+        ref.get("kind") == "DaemonSet" and ref.get("controller")
+        for ref in pod["metadata"].get("ownerReferences") or []
+    ):
+        return None
+    affinity = (pod["spec"].get("affinity") or {}).get("nodeAffinity") or {}
+    required = affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    terms = required.get("nodeSelectorTerms") or []
+    names = {
+        value
+        for term in terms
+        for field in term.get("matchFields") or []
+        if field.get("key") == "metadata.name" and field.get("operator") == "In"
+        for value in field.get("values") or []
+    }
+    return names.pop() if len(names) == 1 else None
 
 
 @contextlib.contextmanager

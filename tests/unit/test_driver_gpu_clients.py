@@ -6,11 +6,14 @@ DaemonSets' pods, so before this a module reload failed under them and a reboot 
   (the role's filters, roles/nvidia_driver/filter_plugins/gpu_clients.py);
 - the list's one home (the role's vars, shared with playbooks/remediate/driver-mismatch.yml) and where the
   role and the playbook stop and start the clients (before the GPUs are judged free; in an `always`);
-- the role's stop and start task files run by ansible-playbook against the lab's API stand-in started here
-  (test_gpu_health_agent.Cluster: its DaemonSet controller and a kubelet that keeps pods Running): the
-  node leaves the GPU node label, the GPU DaemonSets' pods (and only theirs) leave it, a record on the node
-  says what stopped; a later run (as after an interruption) puts the label back and waits for the pods;
-  --check says what it would stop and changes nothing; driver-mismatch.yml -e plan_only=true names them.
+- the role's stop and start task files run by ansible-playbook against the real control plane of the
+  production pin (real_kube.py; test_gpu_health_agent.Cluster's GPU Nodes): kube-controller-manager's
+  DaemonSet controller makes and deletes the DaemonSets' pods, real_kube.Kubelets binds them to their node
+  and writes what the node's kubelet would (Running and Ready; the final delete once deleted gracefully):
+  the node leaves the GPU node label, the GPU DaemonSets' pods (and only theirs) leave it, a record on the
+  node says what stopped; a later run (as after an interruption) puts the label back and waits for the
+  pods; --check says what it would stop and changes nothing; driver-mismatch.yml -e plan_only=true names
+  them.
 
 Not here: systemd stopping the agent and real processes holding /dev/nvidia* (tests/lab/
 test_remediation_on_lab.py::test_driver_mismatch_repair_finishes_with_the_cluster_gpu_clients_running)."""
@@ -27,7 +30,8 @@ from typing import Any
 
 import pytest
 import yaml
-from test_gpu_health_agent import make_cluster
+from real_kube import ControlPlane, Kubelets
+from test_gpu_health_agent import NODES, Cluster
 from test_oncall_playbooks import Site
 from test_remediation_playbooks import load, module_of, tasks
 
@@ -233,7 +237,7 @@ def test_driver_mismatch_stops_and_starts_them_with_the_roles_files() -> None:
     assert not modules & {"ansible.builtin.systemd_service", "kubernetes.core.k8s"}  # the role's, not a copy
 
 
-# ------------------------------------------------------------------------------ against the API stand-in
+# --------------------------------------------------------------------------- against the real control plane
 GPU_DAEMONSETS = {
     ("kube-system", "nvidia-device-plugin-daemonset"): "nvcr.io/nvidia/k8s-device-plugin:v0.20.0",
     ("monitoring", "dcgm-exporter"): "nvcr.io/nvidia/k8s/dcgm-exporter:4.5.3-4.8.2-distroless",
@@ -256,19 +260,21 @@ def daemonset(namespace: str, name: str, image: str, selector: dict[str, str] | 
 
 
 class Clients:
-    """The site of test_oncall_playbooks (every node local, the API stand-in) with the GPU DaemonSets, one
-    more DaemonSet on every node, and a play that runs one of the role's task files on NODE."""
+    """The site of test_oncall_playbooks (every node local, the real control plane) with the GPU DaemonSets,
+    one more DaemonSet on every node, and a play that runs one of the role's task files on NODE."""
 
     def __init__(self, site: Site, tmp: Path) -> None:
         self.site = site
         self.admin = site.cluster.admin
         self.record = tmp / "stopped-gpu-clients.json"
-        for namespace in ("kube-system", "monitoring"):
-            self.admin.request(
-                "POST",
-                "/api/v1/namespaces",
-                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
-            )
+        # kube-system is the API server's own; monitoring stays with the session's control plane (no namespace
+        # controller runs to finish its deletion): made by an earlier run of this module on the worker, kept
+        code, out = self.admin.request(
+            "POST",
+            "/api/v1/namespaces",
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "monitoring"}},
+        )
+        assert code < 300 or code == 409, out
         for (namespace, name), image in GPU_DAEMONSETS.items():
             self.admin.ok(
                 "POST",
@@ -287,6 +293,17 @@ class Clients:
             ]
             (tmp / f"{task_file}.yml").write_text(yaml.safe_dump(play))
         self.tmp = tmp
+
+    def close(self) -> None:
+        """The DaemonSets and their pods deleted (no garbage collector runs to delete the pods)."""
+        names = [*GPU_DAEMONSETS, ("kube-system", "kube-proxy")]
+        for namespace, name in names:
+            self.admin.request("DELETE", f"/apis/apps/v1/namespaces/{namespace}/daemonsets/{name}")
+        for namespace, name in names:
+            self.admin.request(
+                "DELETE",
+                f"/api/v1/namespaces/{namespace}/pods?labelSelector=app%3D{name}&gracePeriodSeconds=0",
+            )
 
     def pods(self, node: str = NODE) -> dict[str, dict[str, Any]]:
         """(namespace/daemonset) -> pod on the node, Running and Ready ones only"""
@@ -336,14 +353,20 @@ ALL_THREE = {
 
 
 @pytest.fixture(scope="module")
-def clients(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clients]:
-    cluster = make_cluster(tmp_path_factory.mktemp("driver-api"))
-    site = Site(cluster, tmp_path_factory.mktemp("driver-site"))
-    site.reset()
-    made = Clients(site, tmp_path_factory.mktemp("driver-plays"))
-    wait_for("the three DaemonSets' pods Ready on every node", lambda: set(made.pods()) == ALL_THREE)
-    yield made
+def clients(kube_controllers: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clients]:
+    cluster = Cluster(kube_controllers, tmp_path_factory.mktemp("driver-api"))
+    kubelets = Kubelets(kube_controllers, NODES)
+    with kubelets:
+        site = Site(cluster, tmp_path_factory.mktemp("driver-site"))
+        site.reset()
+        made = Clients(site, tmp_path_factory.mktemp("driver-plays"))
+        try:
+            wait_for("the three DaemonSets' pods Ready on every node", lambda: set(made.pods()) == ALL_THREE)
+            yield made
+        finally:
+            made.close()
     cluster.close()
+    assert not kubelets.errors, kubelets.errors
 
 
 def test_check_mode_says_what_it_would_stop_and_changes_nothing(clients: Clients) -> None:

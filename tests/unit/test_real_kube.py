@@ -4,7 +4,10 @@ gives it: what the lab's API stand-in used to accept, it refuses."""
 from __future__ import annotations
 
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import real_kube
 
@@ -39,3 +42,63 @@ def test_nothing_is_left_once_stopped(tmp_path: Path) -> None:
         assert plane.admin.raw("GET", "/readyz")[0] == 200
     assert all(process.poll() is not None for process in processes)
     assert not (tmp_path / "plane").exists()
+
+
+def test_registered_nodes_take_a_daemonsets_pods_and_kubelets_report_them(
+    kube_controllers: real_kube.ControlPlane,
+) -> None:
+    """A Node registered through the API is Ready and untainted (the node lifecycle controller's part); the
+    real DaemonSet controller makes a pod for it, Kubelets binds it there and reports it Running and Ready,
+    and finishes its graceful deletion once the node leaves the DaemonSet's selector."""
+    admin = kube_controllers.admin
+    node = kube_controllers.register_node("unit-kubelets-node", {"example.org/kubelets": "yes"}, "10.89.0.7")
+    assert not node["spec"].get("taints")
+    daemonset = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": "kubelets-check", "namespace": "default"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "kubelets-check"}},
+            "template": {
+                "metadata": {"labels": {"app": "kubelets-check"}},
+                "spec": {
+                    "nodeSelector": {"example.org/kubelets": "yes"},
+                    "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
+                },
+            },
+        },
+    }
+    pods = "/api/v1/namespaces/default/pods?labelSelector=app%3Dkubelets-check"
+
+    def ready() -> list[dict[str, Any]]:
+        return [
+            p
+            for p in admin.ok("GET", pods)["items"]
+            if p["spec"].get("nodeName") == "unit-kubelets-node"
+            and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))
+        ]
+
+    def wait(what: Callable[[], Any]) -> Any:
+        deadline = time.monotonic() + 30
+        while not (got := what()):
+            assert time.monotonic() < deadline, "not within 30 s"
+            time.sleep(0.2)
+        return got
+
+    with real_kube.Kubelets(kube_controllers, ["unit-kubelets-node"]) as kubelets:
+        try:
+            admin.ok("POST", "/apis/apps/v1/namespaces/default/daemonsets", daemonset)
+            (pod,) = wait(ready)
+            assert pod["status"]["phase"] == "Running" and pod["status"]["hostIP"] == "10.89.0.7"
+            admin.ok(
+                "PATCH",
+                "/api/v1/nodes/unit-kubelets-node",
+                {"metadata": {"labels": {"example.org/kubelets": None}}},
+                "application/merge-patch+json",
+            )
+            wait(lambda: not admin.ok("GET", pods)["items"])  # deleted gracefully, then gone
+        finally:
+            admin.request("DELETE", "/apis/apps/v1/namespaces/default/daemonsets/kubelets-check")
+            admin.request("DELETE", f"{pods}&gracePeriodSeconds=0")
+            admin.request("DELETE", "/api/v1/nodes/unit-kubelets-node")
+    assert not kubelets.errors, kubelets.errors
