@@ -9,7 +9,8 @@ host networks as the serving NetworkPolicies leave them:
   lab: `connection refused`). So an endpoint is collected only when it is asked from its pod's own node.
 
 What it proves: each serving pod's endpoints come from its own node and say so in index.json; a pod on a node
-the inventory does not hold is named with why.
+the inventory does not hold is named with why; the gateway's /health and /ready are asked on the nodePort of
+the Service the API has (not a number of the playbook's), and are named with why when no such Service exists.
 On the lab, with the real policies: tests/lab/test_remediation_on_lab.py."""
 
 from __future__ import annotations
@@ -254,3 +255,33 @@ def test_each_pods_endpoints_are_asked_from_its_own_node(
             host = urllib.parse.urlsplit(url).hostname
             owners = [n for n, ip, _ in PODS.values() if ip == host]
             assert owners in ([], [node]), f"{url} asked on {node}"
+
+
+def test_the_gateways_nodeport_is_the_deployed_services(
+    collected: tuple[dict[str, str], dict[str, list[str]]],
+) -> None:
+    """/health and /ready on the nodePort the Service has (the inventory sets no llm_gateway_node_port, and
+    the role's default is another), on the control plane's address, as clients reach it."""
+    files, _ = collected
+    index = items(files)
+    for path in ("health", "ready"):
+        item = index[f"nodeport-{NODE_PORT}_{path}.txt"]
+        assert item["ok"] and item["node"] == "gpu-node-1", item
+        assert item["source"] == f"http://{NODE_IPS['gpu-node-1']}:{NODE_PORT}/{path}", item
+        assert '"asked_on": "gpu-node-1"' in files[f"http/nodeport-{NODE_PORT}_{path}.txt"]
+
+
+def test_no_nodeport_service_is_named_not_skipped(site: Site) -> None:
+    admin = site.plane.admin
+    admin.ok("DELETE", f"{SERVICES}/llm-gateway")
+    try:
+        run, files = site.collect()
+    finally:
+        admin.ok("POST", SERVICES, GATEWAY_SERVICE)
+    assert run.returncode == 0, run.stdout[-3000:]
+    index = items(files)
+    for path in ("health", "ready"):
+        item = index[f"nodeport_{path}.txt"]
+        assert not item["ok"], item
+        assert "no Service of type NodePort in namespace serving" in item["error"], item
+        assert files[f"http/nodeport_{path}.txt"].startswith("ERROR: not collected:")
