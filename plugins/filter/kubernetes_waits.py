@@ -1,4 +1,5 @@
-"""How long to wait for a StatefulSet to be ready, computed from the StatefulSet itself.
+"""How long to wait for a StatefulSet to be ready, or for a Deployment to roll out, computed from the object
+itself; and when a Deployment has rolled out.
 
 One home for the rule (docs/CONTRACTS.md, "Roles"): a wait is derived from the probe settings that make a
 pod's startup budget, the replica count, the way the StatefulSet creates and updates its pods, and a margin
@@ -12,6 +13,21 @@ it with the StatefulSet read from the cluster; found through ``filter_plugins`` 
 - A rolling update replaces one pod at a time, each after the previous one is ready, and waits for the old
   pod to terminate (``terminationGracePeriodSeconds``) before creating its replacement:
   ``replicas x (grace + pod)``; ``OrderedReady`` creation is one pod at a time too, without the grace.
+
+A Deployment (the gateway: roles/llm_gateway/tasks/wait-rolled-out.yml, which model_rollout runs after each
+change of the weights) has a setting of its own for this: ``progressDeadlineSeconds``, the longest its
+controller lets one step of a rollout take (a wave of new pods created, pulled, started and available) before
+it reports the rollout failed (condition Progressing False, reason ProgressDeadlineExceeded).
+
+- A rolling update makes ``maxSurge + maxUnavailable`` pods new at a time (as the controller resolves them: a
+  percentage of the replicas, the surge rounded up, the unavailable down; both 0 means one unavailable), each
+  wave within the deadline; the old pods of the last wave then terminate (``terminationGracePeriodSeconds``):
+  ``waves x deadline + grace``. ``Recreate`` stops every old pod first, then starts the new ones together:
+  ``grace + deadline``.
+- Rolled out: the controller has seen the latest spec, every replica is of the new template and available, no
+  other pod counts, and none is terminating (``status.terminatingReplicas``, Kubernetes 1.35 and later: a
+  terminating pod still serves the requests it holds, with its old configuration). Where the field is absent
+  (its feature gate off) terminating pods cannot be seen, and count as none.
 """
 
 from __future__ import annotations
@@ -24,6 +40,8 @@ from typing import Any
 _PROBE_PERIOD_S = 10
 _PROBE_FAILURE_THRESHOLD = 3
 _TERMINATION_GRACE_S = 30
+_PROGRESS_DEADLINE_S = 600
+_ROLLING_DEFAULT = "25%"
 
 
 def _get(obj: Any, *path: str, default: Any = None) -> Any:
@@ -92,8 +110,87 @@ def k8s_statefulset_ready_wait_s(statefulset: Any, pull_margin_s: int = 0, poll_
     return math.ceil(wait / int(poll_s)) if poll_s else wait
 
 
+def _rolling_bound(value: Any, replicas: int, round_up: bool) -> int:
+    """maxSurge (ROUND_UP) or maxUnavailable: a number, or a percentage of the replicas."""
+    if isinstance(value, str) and value.endswith("%"):
+        share = int(value[:-1]) * replicas / 100
+        return math.ceil(share) if round_up else math.floor(share)
+    return int(value)
+
+
+def deployment_rollout_wait_s(deployment: Mapping[str, Any]) -> int:
+    """The longest a Deployment's rollout may take before its controller reports it failed; 0 for none."""
+    if not deployment:
+        return 0
+    spec = _get(deployment, "spec", default={})
+    replicas = int(_get(spec, "replicas", default=1))
+    deadline = int(_get(spec, "progressDeadlineSeconds", default=_PROGRESS_DEADLINE_S))
+    grace = int(_get(spec, "template", "spec", "terminationGracePeriodSeconds", default=_TERMINATION_GRACE_S))
+    if replicas == 0:
+        return grace
+    if _get(spec, "strategy", "type", default="RollingUpdate") == "Recreate":
+        return grace + deadline
+    rolling_update = _get(spec, "strategy", "rollingUpdate", default={})
+    surge = _rolling_bound(_get(rolling_update, "maxSurge", default=_ROLLING_DEFAULT), replicas, True)
+    unavailable = _rolling_bound(
+        _get(rolling_update, "maxUnavailable", default=_ROLLING_DEFAULT), replicas, False
+    )
+    waves = math.ceil(replicas / ((surge + unavailable) or 1))
+    return waves * deadline + grace
+
+
+def deployment_rolled_out(deployment: Mapping[str, Any]) -> bool:
+    """Every replica of the Deployment's current template available; no other pod, terminating included."""
+    if not deployment:
+        return False
+    replicas = int(_get(deployment, "spec", "replicas", default=1))
+    status = _get(deployment, "status", default={})
+    if _get(status, "observedGeneration", default=0) < _get(deployment, "metadata", "generation", default=0):
+        return False
+    counts = ("updatedReplicas", "replicas", "availableReplicas")
+    if any(int(_get(status, count, default=0)) != replicas for count in counts):
+        return False
+    return int(_get(status, "terminatingReplicas", default=0)) == 0
+
+
+def deployment_stalled(deployment: Mapping[str, Any]) -> str:
+    """The controller's message when it has given up on the current rollout (ProgressDeadlineExceeded), else
+    ''."""
+    status = _get(deployment, "status", default={})
+    if _get(status, "observedGeneration", default=0) < _get(deployment, "metadata", "generation", default=0):
+        return ""
+    for condition in _get(status, "conditions", default=[]) or []:
+        if (
+            _get(condition, "type") == "Progressing"
+            and _get(condition, "status") == "False"
+            and _get(condition, "reason") == "ProgressDeadlineExceeded"
+        ):
+            return str(_get(condition, "message", default="ProgressDeadlineExceeded"))
+    return ""
+
+
+def k8s_deployment_rollout_wait_s(deployment: Any, poll_s: int = 0) -> int:
+    """deployment_rollout_wait_s; with POLL_S, the number of polls of POLL_S seconds that cover it."""
+    wait = deployment_rollout_wait_s(deployment or {})
+    return math.ceil(wait / int(poll_s)) if poll_s else wait
+
+
+def k8s_deployment_rolled_out(deployment: Any) -> bool:
+    return deployment_rolled_out(deployment or {})
+
+
+def k8s_deployment_stalled(deployment: Any) -> str:
+    return deployment_stalled(deployment or {})
+
+
 class FilterModule:
-    """k8s_statefulset_ready_wait_s."""
+    """k8s_statefulset_ready_wait_s; k8s_deployment_rollout_wait_s, k8s_deployment_rolled_out,
+    k8s_deployment_stalled."""
 
     def filters(self) -> dict[str, Any]:
-        return {"k8s_statefulset_ready_wait_s": k8s_statefulset_ready_wait_s}
+        return {
+            "k8s_statefulset_ready_wait_s": k8s_statefulset_ready_wait_s,
+            "k8s_deployment_rollout_wait_s": k8s_deployment_rollout_wait_s,
+            "k8s_deployment_rolled_out": k8s_deployment_rolled_out,
+            "k8s_deployment_stalled": k8s_deployment_stalled,
+        }

@@ -21,9 +21,10 @@ planned) by its playbook, and restored afterwards whatever happens.
   false) leaves /var/run/reboot-required instead of rebooting the container; the GPU clients are left
   running.
 - collect-diagnostics.yml: one tarball with every item per node, the serving pods' logs and their endpoints,
-  asked from the control plane: the answers of the pods that run there (vLLM's /metrics and /health, the
-  gateway's /debug/dump_state and /metrics), the NetworkPolicy's refusal, with the error, for the pods on the
-  other nodes (a pod's own node is the only host the serving namespace's policies admit). A serving pod on
+  each asked from its pod's own node (a pod's own node is the only host the serving namespace's policies
+  admit): every pod's answers (vLLM's /metrics and /health, the gateway's /debug/dump_state and /metrics),
+  whichever node it runs on, index.json naming that node; the gateway's /health and /ready on the nodePort of
+  its deployed Service, asked from the control plane. A serving pod on
   the control plane (the gateway's image running a few lines of Python) logs its command line and answers
   /debug/dump_state with its arguments, the lab's JWT secret and a join token among them: `kubectl logs`
   shows both, and the tarball has neither, its log and its dump_state collected with both redacted.
@@ -392,8 +393,8 @@ LEAKY_SERVER = (
 @pytest.fixture
 def leaky_pod() -> Iterator[tuple[str, str]]:
     """A pod in the serving namespace that logs its command line and dumps its arguments, secrets included;
-    on the control plane, the node collect-diagnostics asks the endpoints from (a pod's own node is always
-    admitted by the NetworkPolicies: the serving namespace's default deny admits nothing else to it). It runs
+    on the control plane (collect-diagnostics asks its endpoints from there, its own node: a pod's own node is
+    always admitted by the NetworkPolicies, the serving namespace's default deny admits nothing else). It runs
     the gateway's image (python3; the lab's registry serves it), as the gateway runs it. Deleted afterwards.
     """
     token = "k3tq9z." + hashlib.sha256(str(time.time()).encode()).hexdigest()[:16]
@@ -477,19 +478,15 @@ def test_collect_diagnostics_every_item_no_secret(leaky_pod: tuple[str, str], tm
     index = json.loads(one("index.json"))
     items = {i["file"]: i for i in index["items"]}
 
-    # The endpoints are asked from the control plane's host network. The serving namespace's NetworkPolicies
-    # admit a pod's own node and, besides, the gateway's http port only (Prometheus on the rest), so what the
-    # tarball holds depends on where each pod runs: the answers of the pods on the control plane, the policy's
-    # refusal (kube-router's REJECT) with the error for the others.
+    # The serving namespace's NetworkPolicies admit a pod's own node and, besides, the gateway's http port
+    # only (Prometheus on the rest; from another node kube-router REJECTs), so each pod's endpoints are asked
+    # from the node it runs on: every pod answers, wherever it runs, and index.json names that node.
     def collected(name: str, endpoint: str, node: str, *expected: str) -> None:
         text, item = one(f"http/{name}_{endpoint}.txt"), items[f"{name}_{endpoint}.txt"]
-        if node == CONTROL_PLANE:
-            assert item["ok"] and not text.startswith("ERROR"), (item, text[:300])
-            for part in expected:
-                assert part in text, (name, endpoint, part, text[:600])
-        else:
-            assert not item["ok"] and text.startswith("ERROR: not collected:"), (item, text[:300])
-            assert "refused" in item["error"].lower(), item
+        assert item["ok"] and not text.startswith("ERROR"), (item, text[:300])
+        assert item["node"] == node, (name, endpoint, item)
+        for part in expected:
+            assert part in text, (name, endpoint, part, text[:600])
 
     # the leaky pod: its internal app asked on its metrics port; its arguments there, scrubbed
     collected(pod, "dump_state", CONTROL_PLANE, "<redacted:secret>", "<redacted:bootstrap-token>")
@@ -511,6 +508,18 @@ def test_collect_diagnostics_every_item_no_secret(leaky_pod: tuple[str, str], tm
         name, node = item["metadata"]["name"], item["spec"]["nodeName"]
         collected(name, "dump_state", node, '"upstreams"')
         collected(name, "metrics", node, "llm_gateway_upstream_weight")
+    # the gateway's /health and /ready as clients reach them: the deployed Service's nodePort (the lab's
+    # inventory sets none), asked from the control plane on its node_ip
+    (node_port,) = [
+        p["nodePort"] for p in kube_json("get", "service", "-n", "serving", "llm-gateway")["spec"]["ports"]
+    ]
+    inventory = yaml.safe_load((ROOT / "inventories/lab/hosts.yml").read_text())["all"]["children"]
+    node_ip = inventory["k8s_cluster"]["children"]["control_plane"]["hosts"][CONTROL_PLANE]["node_ip"]
+    for path in ("health", "ready"):
+        item = items[f"nodeport-{node_port}_{path}.txt"]
+        assert item["ok"] and item["node"] == CONTROL_PLANE, item
+        assert item["source"] == f"http://{node_ip}:{node_port}/{path}", item
+        assert not one(f"http/nodeport-{node_port}_{path}.txt").startswith("ERROR"), item
     assert set(items) >= {
         "nvidia-smi-q.txt",
         "gpu_facts.json",

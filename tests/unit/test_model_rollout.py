@@ -150,3 +150,69 @@ def test_weights_that_do_not_match_their_manifest_are_refused(site: Path) -> Non
     rc, out = run(site, "canary", "-e", "model=qwen2-7b-chat", "-e", "version=v2")
     assert rc != 0 and f"{version} does not match its manifest" in out, out[-3000:]
     assert 'mismatched ["model.safetensors"]' in out, out[-3000:]
+
+
+# ------------------------------------------------------------------------- the gateway's rollout, waited for
+ROLE_TASKS = ROOT / "roles" / "model_rollout" / "tasks"
+GATEWAY_TASKS = ROOT / "roles" / "llm_gateway" / "tasks"
+
+
+def flat_tasks(path: Path) -> list[dict[str, object]]:
+    """The tasks of a task file in order, blocks flattened (a block's `when` carried into its tasks)."""
+    found: list[dict[str, object]] = []
+
+    def walk(items: list[dict[str, object]], when: list[object]) -> None:
+        for task in items or []:
+            if "block" in task:
+                inner = [*when, *([task["when"]] if "when" in task else [])]
+                walk(task["block"], inner)  # type: ignore[arg-type]
+            else:
+                found.append({**task, "_when": [*when, *([task["when"]] if "when" in task else [])]})
+
+    walk(yaml.safe_load(path.read_text()), [])
+    return found
+
+
+def includes(task: dict[str, object]) -> str:
+    """What a task includes: 'llm_gateway', 'llm_gateway/wait-rolled-out', 'write-state.yml', or ''."""
+    role = task.get("ansible.builtin.include_role")
+    if isinstance(role, dict):
+        return "/".join(filter(None, [role["name"], role.get("tasks_from")]))
+    return str(task.get("ansible.builtin.include_tasks") or "")
+
+
+def test_every_change_of_the_weights_waits_for_the_gateways_rollout() -> None:
+    """The gateway's pods route with the configuration they started with (its checksum rolls them): after
+    write-state.yml re-renders it, the weights hold only once the Deployment has rolled out, the old pods gone
+    (terminating ones still serve what they hold). So write-state waits for it (llm_gateway's
+    wait-rolled-out) before anything relies on the new weights: the canary's removal, the stable StatefulSet's
+    move, the summary."""
+    steps = [includes(t) for t in flat_tasks(ROLE_TASKS / "write-state.yml")]
+    assert "llm_gateway" in steps and "llm_gateway/wait-rolled-out" in steps, steps
+    assert steps.index("llm_gateway/wait-rolled-out") > steps.index("llm_gateway"), steps
+    assert steps[-1] == "llm_gateway/wait-rolled-out", "nothing after the wait may rely on the old weights"
+    for action in ("promote.yml", "rollback.yml"):
+        tasks = flat_tasks(ROLE_TASKS / action)
+        removal = next(i for i, t in enumerate(tasks) if "canary's StatefulSet" in str(t.get("name")))
+        before = [includes(t) for t in tasks[:removal]]
+        assert "write-state.yml" in before, f"{action}: the canary is removed before the weights moved"
+        last = max(i for i, t in enumerate(tasks[:removal]) if includes(t) == "write-state.yml")
+        assert tasks[last]["_when"] == tasks[removal]["_when"], f"{action}: a removal without its wait"
+
+
+def test_the_gateway_wait_is_sized_and_judged_by_the_deployment() -> None:
+    """llm_gateway's wait-rolled-out.yml: the Deployment as the role rendered it, read from the cluster; its
+    wait from its own settings, done when rolled out (no old pod left), stopped early when the controller
+    gives up; an assert that says what was not done. Nothing is applied in check mode: no wait there."""
+    tasks = flat_tasks(GATEWAY_TASKS / "wait-rolled-out.yml")
+    text = (GATEWAY_TASKS / "wait-rolled-out.yml").read_text()
+    for used in ("k8s_deployment_rollout_wait_s", "k8s_deployment_rolled_out", "k8s_deployment_stalled"):
+        assert used in text, used
+    (wait,) = [t for t in tasks if "until" in t]
+    until = str(wait["until"])
+    assert "k8s_deployment_rolled_out" in until and "k8s_deployment_stalled" in until
+    assert "k8s_deployment_rollout_wait_s" in str(wait["retries"])
+    assert "_llm_gateway_objects" in text, "the Deployment's name and namespace as the role rendered them"
+    asserts = [t for t in tasks if "ansible.builtin.assert" in t]
+    assert asserts and "k8s_deployment_rolled_out" in str(asserts[-1]["ansible.builtin.assert"]["that"])
+    assert all("not ansible_check_mode" in str(t["_when"]) for t in tasks), "check mode applies nothing"

@@ -62,6 +62,7 @@ def module_of(task: dict[str, Any]) -> str:
         "name", "when", "register", "loop", "loop_control", "vars", "delegate_to", "run_once", "become",
         "become_user", "changed_when", "failed_when", "check_mode", "no_log", "until", "retries", "delay",
         "tags", "notify", "environment", "args", "ignore_errors", "delegate_facts", "module_defaults",
+        "ignore_unreachable",
     }  # fmt: skip
     modules = [k for k in task if k not in keywords]
     assert len(modules) == 1, f"cannot tell the module of {task.get('name')}: {modules}"
