@@ -117,9 +117,20 @@ def repos(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         for v in SPEC["libnvidia_container"]["versions"]
         for p in build_mirror.container_toolkit_packages(v, "libnvidia-container")
     ]
+    # the pinned packages carry the lab's Go builds; apt's resolution reads only their names and Depends,
+    # so stand-in files in the builds' layout do here (no Go build in this test)
+    builds = {name: root / "builds" / name for name in ("cni-plugins", "cri-tools", "kubernetes")}
+    for name, tools in {
+        "cni-plugins": ["bridge", "loopback"],
+        "cri-tools": ["crictl"],
+        "kubernetes": ["kubeadm", "kubelet", "kubectl"],
+    }.items():
+        builds[name].mkdir(parents=True)
+        for tool in tools:
+            (builds[name] / tool).write_text(f"#!/bin/sh\necho {tool}\n")
     return {
         "toolkit": build_repo(root / "toolkit", toolkit),
-        "kube": build_repo(root / "kube", build_mirror.kubernetes_packages(SPEC["kubernetes"], None)),
+        "kube": build_repo(root / "kube", build_mirror.kubernetes_packages(SPEC["kubernetes"], builds)),
     }  # fmt: skip
 
 
