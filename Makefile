@@ -118,7 +118,8 @@ molecule: lab-up ## every molecule scenario (role tests on lab-image containers)
 
 lab-test: lab-up ## acceptance tests on the running lab (site idempotence, GPU modules, faults)
 	# tests/lab/conftest.py runs test_site_on_lab.py first: it converges the nodes the others use
-	LAB_TESTS_REQUIRED=1 pytest -m lab tests/lab
+	# the slowest lab tests named at the end (docs/benchmarks.md reads the make test figures from them)
+	LAB_TESTS_REQUIRED=1 pytest -m lab --durations=30 tests/lab
 
 test: deps venv lint syntax sanity unit molecule lab-test ## EVERY TEST: what CI runs
 	@echo "make test: all green"
