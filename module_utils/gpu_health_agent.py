@@ -394,10 +394,15 @@ class Agent:
         )
         self.xids = XidWatch(config.kernel_log)
         self.notice_file = os.path.join(config.state_dir, "notice.json")
+        # ecc_before_xid(): GPUs (bus ids) with uncorrectable errors at the last decision, and those whose
+        # Xids were read since it
+        self.ecc_seen: set[str] = set()
+        self.xids_undecided: set[str] = set()
 
     # one poll: read, judge, act
     def poll(self) -> None:
         new = self.xids.read()
+        self.xids_undecided.update(e.pci_bus_id for e in new)
         health = assess(
             self.nvml,
             self.config.expected_gpu_count,
@@ -415,6 +420,10 @@ class Agent:
         if not health.get("settled", True):
             LOG.info("an Xid burst may still get its containment Xid (94/95): deciding on the next poll")
             return
+        waiting = self.ecc_before_xid(health)
+        if waiting:
+            LOG.info("%s: uncorrectable ECC error(s) and no Xid yet: deciding on the next poll", waiting)
+            return
         try:
             if not cordons(health.get("action", NONE)) and health["verdict"] != UNHEALTHY:
                 if self.state.held_back:
@@ -426,6 +435,25 @@ class Agent:
             with self.lock:
                 self.state.api_errors += 1
             LOG.error("API: %s", exc)
+
+    def ecc_before_xid(self, health: dict[str, Any]) -> str:
+        """The GPUs whose uncorrectable errors are new since the last decision while none of their Xids were
+        read since it ("" when none: the agent decides now). The driver counts an error before it logs its
+        Xids (48, 63, 94/95), so a poll in between sees an error with no containment Xid, which alone means
+        uncontained (a reset and a cordon). Such a GPU waits one poll (the Xid's NVML event wakes the agent
+        at once); if its Xid has not come by then, the error is judged without it, as before. With no
+        kernel log there is no Xid to wait for."""
+        with_ecc = {
+            g["pci_bus_id"]: g["index"]
+            for g in health["gpus"]
+            if g["pci_bus_id"] and "ecc_uncorrectable_volatile" in g["reasons"]
+        }
+        first_seen, self.ecc_seen = set(with_ecc) - self.ecc_seen, set(with_ecc)
+        waiting = sorted(first_seen - self.xids_undecided)
+        if self.xids.log is None or self.xids.error is not None or not waiting:
+            self.xids_undecided.clear()
+            return ""
+        return ", ".join(f"GPU {with_ecc[bus]}" for bus in waiting)
 
     # ------------------------------------------------------------------ notices: the node stays in service
     def notice(self, health: dict[str, Any]) -> None:

@@ -796,3 +796,57 @@ def test_the_notice_key_ignores_an_applications_xid() -> None:
     gpu["xids"].append({"seq": 11, "action": "restart_app"})  # another contained error: news
     assert notice_key(health) != before
     assert notice_key({"action": "none", "gpus": [{**gpu, "action": "none"}]}) == json.dumps(["none", []])
+
+
+def test_an_ecc_error_seen_before_its_xid_waits_for_the_xid(
+    cluster: Cluster, pcie_node: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In process, the interleaving two runs under Python 3.10 hit by chance: the driver counts an
+    uncorrectable error before it logs its Xids, and a poll in between sees the count and no Xid. The
+    agent waits one poll for the Xid (here 94: contained, no cordon); a count whose Xid never comes is
+    judged uncontained on the next poll, as before."""
+    import pynvml
+    from ansible.module_utils import gpu_kernel_log
+    from ansible.module_utils.gpu_health_agent import Agent as AgentCode
+    from ansible.module_utils.gpu_health_agent import Config, KubeApi
+
+    cluster.reset()
+    monkeypatch.setattr(gpu_kernel_log, "CLEARED_FILE", str(tmp_path / "cleared.json"))
+    config = Config(
+        node_name="gpu-node-1",
+        api_server=cluster.api.url,
+        ca_file=str(cluster.api.ca),
+        token_file=str(cluster.token_file),
+        lease_namespace=cluster.namespace,
+        lease_name=role_vars()["__gpu_health_agent_lease"],
+        gpu_node_selector="nvidia.com/gpu.present=true",
+        kernel_log=str(pcie_node.kmsg_path),
+        state_dir=str(tmp_path / "state"),
+    )
+    agent = AgentCode(config, pynvml, KubeApi(config.api_server, config.ca_file, config.token_file))
+    agent.poll()  # the kernel log as it is at start (nothing)
+    # the fault's counters are written, its kernel log records held back: the poll lands between the two
+    held: list[str] = []
+    monkeypatch.setattr(
+        fake_nvml_ctl, "_flush_kernel_log", lambda: held.extend(fake_nvml_ctl._pending_records)
+    )
+    pcie_node.ctl("xid", "--gpu", "1", "--xid", "48", "--xid", "63", "--xid", "94")
+    assert pcie_node.gpu(1)["ecc"]["volatile"]["uncorrected"] > 0 and len(held) == 3
+    agent.poll()
+    assert cluster.cordoned() == [] and cluster.events("gpu-node-1") == []
+    with open(pcie_node.kmsg_path, "a", encoding="utf-8") as kmsg:  # the driver logs the Xids
+        kmsg.write("".join(held))
+    agent.poll()
+    assert cluster.cordoned() == []
+    assert [e["reason"] for e in cluster.events("gpu-node-1")] == ["GPUResetAtNextDrain"]
+    assert "Xid 94" in cluster.events("gpu-node-1")[0]["message"]
+    # an uncorrectable count whose Xid never comes (an unreadable or lost record): uncontained next poll
+    pcie_node.ctl("ecc", "--gpu", "2", "--uncorrectable", "1")
+    agent.poll()
+    assert cluster.cordoned() == []
+    agent.poll()
+    assert cluster.cordoned() == ["gpu-node-1"]
+    record = json.loads(cluster.node("gpu-node-1")["metadata"]["annotations"][CORDON])
+    assert record["gpu_action"] == "reset_gpu" and "ecc_uncorrectable_volatile" in record["reasons"]
+    agent.xids.close()
+    cluster.reset()
