@@ -45,7 +45,7 @@ node-venv: $(NODE_VENV)/.installed ## the node-side unit tests' venv, of the nod
 # without dependencies and past its Requires-Python (>=3.11, for its controller): only its module_utils
 # are imported there, the files AnsiballZ ships to a node, which ansible-core 2.19 supports on target
 # Pythons 3.8-3.13; its controller code is never imported there.
-$(NODE_VENV)/.installed: pyproject.toml scripts/node-python.py module_utils/model_tools.py roles/model_sync/files/model_tools_contract.py roles/kubernetes_api_client/defaults/main.yml | $(VENV)/.installed
+$(NODE_VENV)/.installed: pyproject.toml scripts/node-python.py module_utils/model_tools.py roles/model_sync/files/model_tools_contract.py roles/kubernetes_api_client/defaults/main.yml roles/nvidia_driver/defaults/main.yml | $(VENV)/.installed
 	python310=$$($(BIN)/python scripts/node-python.py interpreter)
 	echo "venv: the node-side tests' venv $(NODE_VENV) from $$python310"
 	rm -rf $(NODE_VENV)

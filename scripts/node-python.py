@@ -15,7 +15,7 @@ what pyproject.toml's `[tool.ruff.per-file-target-version]` maps to the nodes' v
                     pyenv's newest X.Y.* ($PYENV_ROOT, default ~/.pyenv); exit 1 naming how to get one
   requirements      what the node-side unit tests' venv (.venv310) installs with pip: the test harness
                     at pyproject.toml's dev pins, and the packages the roles put into the nodes' /opt
-                    venvs at the roles' pins (model tools, kubernetes client)
+                    venvs at the roles' pins (model tools, kubernetes client, nvidia-ml-py)
   ansible-core      ansible-core at pyproject.toml's pin (installed without its controller dependencies:
                     only its module_utils are used, as AnsiballZ ships them to a node)
   tests [DIR]       the unit test files (default tests/unit) that exercise node-side code: a test file
@@ -137,7 +137,9 @@ def requirements() -> list[str]:
     model_tools = json.loads(contract.stdout)["requirements"]
     client_defaults = ROOT / "roles" / "kubernetes_api_client" / "defaults" / "main.yml"
     client = yaml.safe_load(client_defaults.read_text())["kubernetes_api_client_version"]
-    return [pins[name] for name in HARNESS] + model_tools + [f"kubernetes=={client}"]
+    driver_defaults = ROOT / "roles" / "nvidia_driver" / "defaults" / "main.yml"
+    nvml = yaml.safe_load(driver_defaults.read_text())["nvidia_driver_nvml_py_version"]
+    return [pins[name] for name in HARNESS] + model_tools + [f"kubernetes=={client}", f"nvidia-ml-py=={nvml}"]
 
 
 def _imports(tree: ast.AST) -> Iterable[str]:

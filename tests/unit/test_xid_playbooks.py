@@ -103,7 +103,9 @@ def run_gate(tmp_path: Path, health: dict[str, Any], dcgmi: str | None, level: i
     playbook.write_text(yaml.safe_dump(play))
     env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")}
     proc = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", str(playbook)],
+        # the controller's ansible-playbook (ansible-core needs 3.11 there); the modules run under this
+        # test's interpreter (ansible_python_interpreter above: the nodes' 3.10 in the node-side pass)
+        [str(ROOT / ".venv" / "bin" / "ansible-playbook"), "-i", "localhost,", str(playbook)],
         cwd=ROOT,
         env=env,
         capture_output=True,
