@@ -28,6 +28,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+import exec_heal  # beside this file: a node exec refused for a cgroup gone
 import images  # beside this file: the images the lab's cluster pulls
 import yaml
 
@@ -74,6 +75,8 @@ def podman(*args: str, check: bool = True, capture: bool = True) -> subprocess.C
     env = dict(os.environ)
     env.setdefault("CONTAINERS_CONF", str(LAB_SRC / "containers.conf"))
     result = subprocess.run(["podman", *args], env=env, text=True, capture_output=capture)
+    if result.returncode != 0 and args[:1] == ("exec",) and exec_heal.heal(result.stderr):
+        result = subprocess.run(["podman", *args], env=env, text=True, capture_output=capture)
     if check and result.returncode != 0:
         raise LabError(f"podman {' '.join(args[:3])} ... failed: {(result.stderr or '').strip()}")
     return result
