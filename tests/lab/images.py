@@ -32,9 +32,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import labstate  # beside this file: where the lab's state lives
+
 LAB_SRC = Path(__file__).resolve().parent
 REPO = LAB_SRC.parents[1]
-STATE = Path(os.environ.get("LAB_STATE_DIR", REPO / ".lab")).resolve()
+STATE = labstate.STATE
 REGISTRY_DIR = STATE / "registry"
 DIGESTS = STATE / "images.json"  # ref -> {"inputs": hash, "digest": registry digest}
 # ref -> digest, what inventories/lab reads (lab_image_digests)

@@ -3,7 +3,7 @@
 
     labctl.py up        image (if missing or stale), mirror, network, nodes; repairs what it finds
     labctl.py status    one line per lab container
-    labctl.py destroy   containers, network, image and .lab/ state: nothing left behind
+    labctl.py destroy   containers, network, image and the lab state (.lab): nothing left behind
     labctl.py image [--rebuild]
     labctl.py mirror
 
@@ -30,11 +30,12 @@ from pathlib import Path
 
 import exec_heal  # beside this file: a node exec refused for a cgroup gone
 import images  # beside this file: the images the lab's cluster pulls
+import labstate  # beside this file: where the lab's state lives
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 LAB_SRC = REPO / "tests" / "lab"
-STATE = Path(os.environ.get("LAB_STATE_DIR", REPO / ".lab")).resolve()
+STATE = labstate.STATE  # per machine, reached as .lab (tests/lab/labstate.py)
 IMAGE = "localhost/llm-lab-node:bookworm"
 # Plain Debian 12 (its python3 is 3.11), made by the same build: the base of the lab's application images
 # (the gateway), as production builds them on a slim Debian 12 Python image.
@@ -627,7 +628,7 @@ def remove_containers() -> None:
 
 def cmd_up(_: argparse.Namespace) -> None:
     started = time.monotonic()
-    STATE.mkdir(parents=True, exist_ok=True)
+    labstate.link_checkout()
     ensure_ssh_key()
     write_ssh_config()
     ensure_image()
@@ -681,6 +682,7 @@ def cmd_destroy(_: argparse.Namespace) -> None:
     if STATE.exists():
         subprocess.run(["rm", "-rf", str(STATE)], check=True)
         log(f"removed {shown(STATE)}/")
+    labstate.unlink_checkout()
     log("destroyed: nothing of the lab is left")
 
 
@@ -689,7 +691,7 @@ def cmd_image(args: argparse.Namespace) -> None:
 
 
 def cmd_mirror(_: argparse.Namespace) -> None:
-    STATE.mkdir(parents=True, exist_ok=True)
+    labstate.link_checkout()
     ensure_image()
     ensure_network()
     ensure_mirror()

@@ -47,26 +47,25 @@ def kill_container_processes(name: str) -> None:
 
 
 def test_lab_up_repairs_a_half_created_lab():
-    kill_container_processes("gpu-node-1")
+    """Three ways a node is found broken: the control plane stopped (a server powered off, its disk kept), a
+    worker gone (replaced, empty disk: the site run converges it from nothing and joins it under its old
+    name), a worker whose processes were killed with the session that started them. The control plane keeps
+    its disk, so the cluster (CA, etcd) survives and the site run converges one or two fresh workers, not a
+    whole new cluster (the lab is per machine and usually converged: docs/lab.md)."""
+    assert podman("stop", "-t", "2", "gpu-node-1").returncode == 0
     assert podman("rm", "-f", "-t", "2", "gpu-node-2").returncode == 0
-    assert podman("stop", "-t", "2", "gpu-node-3").returncode == 0
+    kill_container_processes("gpu-node-3")
 
     up = command(sys.executable, "tests/lab/labctl.py", "up", timeout=900)
 
     assert up.rc == 0, up.output
+    assert "gpu-node-1: was exited; starting it" in up.output
+    assert "gpu-node-2: created" in up.output
     # podman sometimes notices the killed container itself (then it is restarted), sometimes not
     # (then labctl sees the dead processes and recreates it): either is a repair
-    repaired = r"gpu-node-1: (its processes are gone .*; recreating it|was \w+; starting it)"
+    repaired = r"gpu-node-3: (its processes are gone .*; recreating it|was \w+; starting it)"
     assert re.search(repaired, up.output), up.output
-    assert "gpu-node-2: created" in up.output
-    assert "gpu-node-3: was exited; starting it" in up.output
     assert set(NODES) <= set(running_nodes())
-    if "gpu-node-1: its processes are gone" in up.output:
-        # The control plane was recreated: its cluster (CA, etcd) went with it, and gpu-node-3 still holds a
-        # kubelet.conf of that old cluster, which kubeadm_join leaves alone. An operator resets such a worker
-        # before the next run, as here; the site run then joins it to the new cluster.
-        reset = on_node("gpu-node-3", "if command -v kubeadm >/dev/null; then kubeadm reset -f; fi")
-        assert reset.returncode == 0, reset.stderr
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@
 Each manifest has a pinned URL and sha256 (MANIFESTS below; for the ones a role downloads, the role's own
 defaults are that home, read from there). The bytes come from, in order:
   1. the local copy beside the checkout, ../shared/upstream/<path> (the project's vendored copies);
-  2. the download cache, <lab state dir>/cache/upstream/<path> (LAB_STATE_DIR, default .lab/);
+  2. the download cache, <lab state dir>/cache/upstream/<path> (.lab/, per machine: labstate.py);
   3. the pinned URL, downloaded once into that cache.
 Every source is checked against the sha256: a wrong one is refused naming the file and both hashes. Where no
 source works, UpstreamError names the missing local copy, the URL and the download's error. The manifests
@@ -16,16 +16,16 @@ themselves stay out of the repository.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import urllib.request
 from pathlib import Path
 
+import labstate  # beside this file: where the lab's state lives
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 LOCAL = REPO.parent / "shared" / "upstream"  # the checkout's ../shared/upstream
-CACHE = Path(os.environ.get("LAB_STATE_DIR", REPO / ".lab")) / "cache" / "upstream"  # labctl.py's STATE
+CACHE = labstate.STATE / "cache" / "upstream"  # the lab state directory (tests/lab/labstate.py)
 DOWNLOAD_TIMEOUT_S = 60
 
 # path -> pinned URL and sha256, or the role whose defaults pin them (their variables' names)
