@@ -64,8 +64,13 @@ NODES = (
 
 
 def shown(path: Path) -> str:
-    """A path as messages name it: relative to the checkout when inside it (.lab may link elsewhere)."""
-    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+    """A path as messages name it: relative to the checkout when inside it, or inside the state directory
+    that the checkout's .lab links to (.lab/ssh_config)."""
+    if path.is_relative_to(REPO):
+        return str(path.relative_to(REPO))
+    if labstate.LINK.is_symlink() and path.is_relative_to(STATE) and labstate.LINK.resolve() == STATE:
+        return str(Path(".lab") / path.relative_to(STATE))
+    return str(path)
 
 
 def log(message: str) -> None:
