@@ -14,10 +14,12 @@ host's /etc/containers stays untouched. See docs/lab.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import hashlib
 import json
 import os
+import signal
 import socket
 import ssl
 import subprocess
@@ -345,6 +347,21 @@ def is_orphaned(state: dict) -> bool:
     return any(pid > 0 and not process_alive(pid) for pid in pids)
 
 
+# where conmon writes a container's exit code for podman (podman's engine tmp_dir for root, /run/libpod)
+PODMAN_EXITS = Path("/run/libpod/exits")
+
+
+def record_exit(state: dict) -> None:
+    """Do what the killed conmon did not: kill what is left of the container's processes and write its exit
+    file (128 + SIGKILL), so podman records it exited."""
+    pid = state["State"].get("Pid") or 0
+    if pid > 0 and process_alive(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    if PODMAN_EXITS.is_dir():
+        (PODMAN_EXITS / state["Id"]).write_text("137")
+
+
 def node_volume(name: str) -> str:
     """The volume holding a node's /var/lib/containerd: its disk, gone with the node."""
     return f"llm-lab-{name}-containerd"
@@ -372,11 +389,13 @@ def ensure_container(name: str, config_key: str, run_args: list[str]) -> bool:
         force_remove(name)
         state = None
     if state is not None and is_orphaned(state):
-        # podman still records it as running, but its processes were killed with the session
-        # that started them (conmon included), so podman can neither stop nor start it.
-        log(f"{name}: its processes are gone but podman says {state['State']['Status']!r}; recreating it")
-        force_remove(name)
-        state = None
+        # podman still records it as running, but its processes were killed with the session that started
+        # them, conmon included: conmon never wrote the exit file podman waits for, so podman can neither
+        # stop nor start it. Written here, podman records it exited and starts it again, disk kept (a server
+        # back from a power cut); where that fails, it is recreated below.
+        log(f"{name}: its processes are gone but podman says {state['State']['Status']!r}; starting it again")
+        record_exit(state)
+        state = container_state(name)
     if state is None:
         podman(
             "run",
