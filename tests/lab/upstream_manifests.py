@@ -20,8 +20,12 @@ import re
 import urllib.request
 from pathlib import Path
 
-import labstate  # beside this file: where the lab's state lives
 import yaml
+
+try:
+    import labstate  # beside this file: where the lab's state lives
+except ModuleNotFoundError:  # imported as lab.upstream_manifests (the unit tests, tests/ on sys.path)
+    from lab import labstate
 
 REPO = Path(__file__).resolve().parents[2]
 LOCAL = REPO.parent / "shared" / "upstream"  # the checkout's ../shared/upstream
