@@ -274,3 +274,22 @@ def test_removes_an_unreachable_worker_then_a_second_run_changes_nothing(fresh: 
     assert "NOT DONE on gpu-node-3 (unreachable)" in text
     assert set(recap_changed(again.stdout).values()) == {0}, again.stdout[-3000:]
     assert fresh.nodes() == ["gpu-node-1", "gpu-node-2"]
+
+
+def test_a_node_whose_kubelet_stopped_reporting_is_not_drained(fresh: RemoveSite) -> None:
+    """A dead server's pods cannot stop (no kubelet): a drain would wait for ever. The plan says so; the pod
+    garbage collector deletes them once the Node is gone."""
+    status = {"conditions": [{"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown"}]}
+    path = "/api/v1/nodes/gpu-node-3/status"
+    patch = "application/strategic-merge-patch+json"
+    fresh.cluster.admin.ok("PATCH", path, {"status": status}, patch)
+    try:
+        run = fresh.remove("-e", "node=gpu-node-3", "--check")
+    finally:
+        ready = {"type": "Ready", "status": "True", "reason": "KubeletReady"}
+        fresh.cluster.admin.ok("PATCH", path, {"status": {"conditions": [ready]}}, patch)
+    assert run.returncode == 0, run.stdout + run.stderr
+    text = said(run)
+    assert "gpu-node-3: its kubelet does not report Ready: not drained" in text, text[-4000:]
+    assert "would delete the Node gpu-node-3 (not drained: its kubelet did not report Ready)" in text
+    assert fresh.nodes() == sorted(NODES)
