@@ -25,6 +25,13 @@ from labrun import ROOT, on_node, playbook, running_nodes
 pytestmark = pytest.mark.lab
 
 LAB_VARS = yaml.safe_load((ROOT / "inventories/lab/group_vars/k8s_cluster.yml").read_text())
+
+
+def digest(image: str) -> str:
+    """The digest the lab registry gave an image it built (labctl.py up), which the lab inventory pins."""
+    return json.loads((ROOT / ".lab" / "image-digests.json").read_text())[image]
+
+
 DEFAULTS = yaml.safe_load((ROOT / "roles/monitoring/defaults/main.yml").read_text())
 PLUGIN = yaml.safe_load((ROOT / "roles/nvidia_device_plugin/defaults/main.yml").read_text())
 AGENT = yaml.safe_load((ROOT / "roles/gpu_health_agent/defaults/main.yml").read_text())
@@ -53,9 +60,8 @@ def test_deployments_run_their_pinned_images(converged: None) -> None:
     for name in ("prometheus", "alertmanager", "grafana"):
         deployment = kubectl_json(f"-n {NAMESPACE} get deployment {name}")
         image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
-        assert (
-            image == f"{DEFAULTS[f'monitoring_{name}_image']}@{LAB_VARS[f'monitoring_{name}_image_digest']}"
-        )
+        wanted = DEFAULTS[f"monitoring_{name}_image"]
+        assert image == f"{wanted}@{digest(wanted)}"
         assert deployment["status"].get("readyReplicas") == 1, (name, deployment["status"])
 
 
@@ -67,8 +73,8 @@ def test_dcgm_exporter_on_every_gpu_node_and_only_there(converged: None) -> None
     assert sorted(p["spec"].get("nodeName") for p in pods) == sorted(gpu_nodes)
     daemonset = kubectl_json(f"-n {NAMESPACE} get daemonset dcgm-exporter")
     container = daemonset["spec"]["template"]["spec"]["containers"][0]
-    digest = LAB_VARS["monitoring_dcgm_exporter_image_digest"]
-    assert container["image"] == f"nvcr.io/nvidia/k8s/dcgm-exporter:4.5.3-4.8.2-distroless@{digest}"
+    wanted = f"nvcr.io/nvidia/k8s/dcgm-exporter:{DEFAULTS['monitoring_dcgm_exporter_version']}-distroless"
+    assert container["image"] == f"{wanted}@{digest(wanted)}"
     version = DEFAULTS["monitoring_dcgm_exporter_version"]
     path = f"{DEFAULTS['monitoring_dcgm_exporter_manifest_dir']}/dcgm-exporter-{version}.yaml"
     manifest = on_node("gpu-node-1", f"sha256sum {path}")

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import json
 import time
+import tomllib
 from typing import Any
 
 import pytest
 import yaml
-from labrun import ROOT, on_node, playbook, running_nodes
+from labrun import NODES, ROOT, on_node, playbook, running_nodes
 
 pytestmark = pytest.mark.lab
 
@@ -98,11 +99,12 @@ def pods() -> Any:
 
 
 def test_the_runtime_is_the_stand_in_containerd_runs(converged: None) -> None:
-    for node in running_nodes():
+    for node in NODES:  # the GPU nodes (running_nodes() lists the mirror too)
         binary = on_node(node, "head -c 2000 /usr/bin/nvidia-container-runtime")
         assert "nvidia-container-runtime LAB STAND-IN" in binary.stdout, (node, binary.stderr)
-        dump = on_node(node, "containerd config dump")
-        assert 'BinaryName = "/usr/bin/nvidia-container-runtime"' in dump.stdout, node
+        dump = tomllib.loads(on_node(node, "containerd config dump").stdout)
+        cri = dump["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]  # containerd 2's
+        assert cri["nvidia"]["options"]["BinaryName"] == "/usr/bin/nvidia-container-runtime", (node, cri)
 
 
 def test_a_gpu_pod_gets_the_driver_and_its_gpu(converged: None, pods: list[str]) -> None:
