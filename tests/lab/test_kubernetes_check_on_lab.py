@@ -12,7 +12,6 @@ That `--check` on the converged lab changes nothing is proved by tests/lab/test_
 
 from __future__ import annotations
 
-import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -89,9 +88,7 @@ def test_check_mode_on_a_fresh_node_reports_the_cluster_it_would_make(fresh_inve
     assert run.failed()[FRESH] == 0
     assert run.changed()[FRESH] > 0
     said = " ".join(run.output.split())
-    installs = r"TASK \[kubernetes_node : Install kubeadm, kubelet, kubectl, [^\]]*\]"
-    installs += r"(?:(?!TASK \[).)*changed: \["
-    assert re.search(installs + FRESH, said), "the kube packages' install is not reported as a change"
+    assert "A real run adds it and installs kubeadm=" in said  # kubernetes_node's check-mode report
     assert "would run kubeadm init" in said
     assert f"would apply Calico {default('calico', 'calico_version')}" in said
     plugin_version = default("nvidia_device_plugin", "nvidia_device_plugin_version")
