@@ -189,6 +189,7 @@ out['delete pod'] = call('DELETE', '/api/v1/namespaces/kube-system/pods/anything
 out['delete node'] = call('DELETE', '/api/v1/nodes/gpu-node-3')[0]
 event = {'metadata': {'generateName': 'x-'}, 'involvedObject': {'kind': 'Node', 'name': 'gpu-node-3'}}
 out['create event'] = call('POST', '/api/v1/namespaces/default/events', event)[0]
+out['create kube-system event'] = call('POST', '/api/v1/namespaces/kube-system/events', event)[0]
 out['delete lease'] = call('DELETE', lease)[0]
 print(json.dumps(out))
 """
@@ -202,6 +203,8 @@ def test_agent_token_rbac_on_the_lab_api() -> None:
     codes = json.loads(proc.stdout)
     allowed = ("get node", "list nodes", "patch node", "get lease", "update lease")
     assert {k: codes[k] for k in allowed} == dict.fromkeys(allowed, 200), codes
+    # a Node's Events live in namespace default: the agent writes its notices there (issue 20), nowhere else
+    assert codes.pop("create event") == 201, codes
     assert {k: v for k, v in codes.items() if k not in allowed} == {
         k: 403 for k in codes if k not in allowed
     }, codes
