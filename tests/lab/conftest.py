@@ -63,6 +63,17 @@ LONG_LAB_TESTS: dict[str, str] = {
         "device-plugin fault, the refusals); in make test: test_site_on_lab.py's site runs (the stage "
         "converged, changed nothing but the drift, reported), the refusals in tests/unit"
     ),
+    "test_gpu_stage_on_lab.py::test_check_mode_on_a_fresh_node_reports_the_install": (
+        "2 min (--check of the GPU stage on a new container); in make test: test_site_on_lab.py's "
+        "--check --diff"
+    ),
+    "test_gpu_stage_on_lab.py::test_drifted_power_limit_is_put_back_and_reported": (
+        "3 min (the GPU stage twice); in make test: test_site_on_lab.py's drift (a power cap among the four)"
+    ),
+    "test_models_on_lab.py": (
+        "9.5 min (the models stage five times: bad variants, a push killed half-way); in make test: the "
+        "models stage of test_site_on_lab.py's site runs, the gates in tests/unit (test_model_*)"
+    ),
     "test_kubernetes_check_on_lab.py": (
         "5 min (--check of the stage on a new container); in make test: test_site_on_lab.py's --check --diff "
         "on the converged lab"

@@ -23,15 +23,19 @@ from labrun import NODES, ROOT, on_node, playbook, running_nodes
 
 pytestmark = pytest.mark.lab
 
-LAB_VARS = yaml.safe_load((ROOT / "inventories/lab/group_vars/k8s_cluster.yml").read_text())
 DEFAULTS = yaml.safe_load((ROOT / "roles/monitoring/defaults/main.yml").read_text())
 PLUGIN = yaml.safe_load((ROOT / "roles/nvidia_device_plugin/defaults/main.yml").read_text())
 KUBECTL = "kubectl --kubeconfig /etc/kubernetes/admin.conf"
 NAMESPACE = DEFAULTS["monitoring_namespace"]
-IMAGE = (
-    f"nvcr.io/nvidia/k8s/dcgm-exporter:{DEFAULTS['monitoring_dcgm_exporter_version']}-distroless"
-    f"@{LAB_VARS['monitoring_dcgm_exporter_image_digest']}"
-)
+IMAGE = f"nvcr.io/nvidia/k8s/dcgm-exporter:{DEFAULTS['monitoring_dcgm_exporter_version']}-distroless"
+
+
+def pinned(image: str) -> str:
+    """IMAGE@digest: the digest the lab registry gave the image it built (labctl.py up), as the lab
+    inventory pins it from .lab/image-digests.json."""
+    return f"{image}@{json.loads((ROOT / '.lab' / 'image-digests.json').read_text())[image]}"
+
+
 PROBE = (
     "import json, os, pynvml; pynvml.nvmlInit(); "
     "print(json.dumps({'visible': os.environ.get('NVIDIA_VISIBLE_DEVICES'), "
@@ -68,7 +72,7 @@ def probe_pod(name: str, env: dict[str, str], gpus: int) -> str:
             "containers": [
                 {
                     "name": "probe",
-                    "image": IMAGE,
+                    "image": pinned(IMAGE),
                     "command": ["python3", "-c", PROBE],
                     "env": [{"name": k, "value": v} for k, v in env.items()],
                     "resources": {"limits": limits},
