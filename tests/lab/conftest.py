@@ -81,6 +81,12 @@ LONG_LAB_TESTS: dict[str, str] = {
 }
 
 
+# Lab tests that failed on the real cluster in the last full run and are not fixed yet: each says what was
+# seen. They are not run (xfail, run=False: reported as x, never green) until the defect named is fixed; the
+# list is the to-do list, and docs/benchmarks.md's last full run names them too.
+FAILING_LAB_TESTS: dict[str, str] = {}
+
+
 def _long_reason(item: pytest.Item) -> str | None:
     test = f"{item.path.name}::{item.name.split('[')[0]}"
     return LONG_LAB_TESTS.get(test) or LONG_LAB_TESTS.get(item.path.name)
@@ -93,8 +99,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     names = {f"{item.path.name}::{item.name.split('[')[0]}" for item in items}
     files = {item.path.name for item in items}
     # a renamed long test must not slip back into make test unnoticed, nor one named here be gone
-    gone = [key for key in LONG_LAB_TESTS if "::" in key and key.split("::")[0] in files and key not in names]
-    missing = [key for key in LONG_LAB_TESTS if "::" not in key and not (LAB / key).is_file()]
+    listed = [*LONG_LAB_TESTS, *FAILING_LAB_TESTS]
+    gone = [key for key in listed if "::" in key and key.split("::")[0] in files and key not in names]
+    missing = [key for key in listed if "::" not in key and not (LAB / key).is_file()]
     if gone or missing:
         raise pytest.UsageError(
             f"tests/lab/conftest.py LONG_LAB_TESTS names tests that are gone: {gone + missing}"
@@ -102,3 +109,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if _long_reason(item) is not None:
             item.add_marker(pytest.mark.lab_long)
+        failing = FAILING_LAB_TESTS.get(f"{item.path.name}::{item.name.split('[')[0]}")
+        if failing is not None:
+            item.add_marker(pytest.mark.xfail(reason=f"known defect, not fixed yet: {failing}", run=False))
