@@ -42,7 +42,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             print("\nlab: after the tests every node is schedulable")
 
 
-# The long lab tests: marked lab_long, run by `make lab-test-all` and not by `make test`. CI stops at 90
+# The long lab tests (and those not yet seen passing on the real cluster, said so): marked lab_long, run by
+# `make lab-test-all` and not by `make test`. CI stops at 90
 # minutes, and with real Kubernetes every lab test together took longer than that on this 2-core machine
 # (the last CI timed out in them; docs/benchmarks.md has each one's time). What stays in `make test` is the
 # main job (test_site_on_lab.py: a repaired lab converged, the drift found by --check --diff and put back by
@@ -73,6 +74,11 @@ LONG_LAB_TESTS: dict[str, str] = {
     "test_models_on_lab.py": (
         "9.5 min (the models stage five times: bad variants, a push killed half-way); in make test: the "
         "models stage of test_site_on_lab.py's site runs, the gates in tests/unit (test_model_*)"
+    ),
+    "test_xid_on_lab.py": (
+        "issue 20's Xid flows on the lab (seven faults, the reset and reboot playbooks): not yet run on the "
+        "real cluster; in make test: test_gpu_xid.py (the policy table), test_gpu_health_agent*.py (the "
+        "agent's Xid handling), test_xid_playbooks.py"
     ),
     "test_kubernetes_check_on_lab.py": (
         "5 min (--check of the stage on a new container); in make test: test_site_on_lab.py's --check --diff "
