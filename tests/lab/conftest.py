@@ -90,7 +90,19 @@ LONG_LAB_TESTS: dict[str, str] = {
 # Lab tests that failed on the real cluster in the last full run and are not fixed yet: each says what was
 # seen. They are not run (xfail, run=False: reported as x, never green) until the defect named is fixed; the
 # list is the to-do list, and docs/benchmarks.md's last full run names them too.
-FAILING_LAB_TESTS: dict[str, str] = {}
+FAILING_LAB_TESTS: dict[str, str] = {
+    "test_remediation_on_lab.py::test_device_plugin_fault_found_and_fixed": (
+        "2026-12-02: restart-device-plugin.yml --check did not name gpu-node-3 as offering too few GPUs "
+        "after the injected plugin fault (a run whose lab earlier tests had left with a node offering 2 of 4)"
+    ),
+    "test_remediation_on_lab.py::test_driver_mismatch_repair_finishes_with_the_cluster_gpu_clients_running": (
+        "2026-12-02: timed out after 30 s waiting for the GPU clients' processes holding the GPUs (same run)"
+    ),
+    "test_remediation_on_lab.py::test_collect_diagnostics_every_item_no_secret": (
+        "2026-12-02: its fixture's pod diag-leaky was not Ready within 120 s (same run: gpu-node-2 cordoned "
+        "by the agent, nvml_error, during the driver-mismatch test)"
+    ),
+}
 
 
 def _long_reason(item: pytest.Item) -> str | None:
