@@ -91,6 +91,13 @@ LONG_LAB_TESTS: dict[str, str] = {
 # seen. They are not run (xfail, run=False: reported as x, never green) until the defect named is fixed; the
 # list is the to-do list, and docs/benchmarks.md's last full run names them too.
 FAILING_LAB_TESTS: dict[str, str] = {
+    "test_validate_on_lab.py::test_the_lab_inventory_passes_and_nothing_changes": (
+        "2026-12-02: validate.yml names 6 site values of the lab inventory as unset "
+        "(vllm_serving_image_digest first: the lab's digests are templates reading .lab/image-digests.json)"
+    ),
+    "test_validate_on_lab.py::test_emptied_values_of_several_stages_are_named_in_one_run": (
+        "2026-12-02: failed in the same run as the test above (not investigated)"
+    ),
     "test_nvidia_standins_on_lab.py::test_a_gpu_pod_gets_the_driver_and_its_gpu": (
         "2026-12-02: the probe pod (dcgm-exporter stand-in image, RuntimeClass nvidia) ran and exited with "
         "ModuleNotFoundError: No module named 'pynvml': the runtime stand-in's driver injection no longer "
