@@ -91,6 +91,17 @@ LONG_LAB_TESTS: dict[str, str] = {
 # seen. They are not run (xfail, run=False: reported as x, never green) until the defect named is fixed; the
 # list is the to-do list, and docs/benchmarks.md's last full run names them too.
 FAILING_LAB_TESTS: dict[str, str] = {
+    "test_serving_on_lab.py::test_no_loop_variable_collision": (
+        "2026-12-02: the serving stage's run warns 'The loop variable item is already in use' (a product "
+        "defect: a role's loop inside an include looped with item)"
+    ),
+    "test_serving_on_lab.py::test_objects_exist_in_the_api_as_rendered": (
+        "2026-12-02: the gateway's image is lab-mirror:5000/llm-platform/llm-gateway:0.1.0@<registry "
+        "digest>; the test expects localhost/llm-gateway:0.1.0@<local digest> (written before the registry)"
+    ),
+    "test_serving_on_lab.py::test_bad_input_is_refused_before_any_change[cuda-too-new]": (
+        "2026-12-02: its cuda-too-new case failed (the refusal's text not found; not investigated)"
+    ),
     "test_validate_on_lab.py::test_the_lab_inventory_passes_and_nothing_changes": (
         "2026-12-02: validate.yml names 6 site values of the lab inventory as unset "
         "(vllm_serving_image_digest first: the lab's digests are templates reading .lab/image-digests.json)"
@@ -129,7 +140,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """test_site_on_lab.py first: it repairs and converges the nodes every other lab test uses. The long lab
     tests (LONG_LAB_TESTS) are marked lab_long."""
     items.sort(key=lambda item: 0 if item.path.name == "test_site_on_lab.py" else 1)
-    names = {f"{item.path.name}::{item.name.split('[')[0]}" for item in items}
+    names = {f"{item.path.name}::{name}" for item in items for name in (item.name, item.name.split("[")[0])}
     files = {item.path.name for item in items}
     # a renamed long test must not slip back into make test unnoticed, nor one named here be gone
     listed = [*LONG_LAB_TESTS, *FAILING_LAB_TESTS]
@@ -142,6 +153,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if _long_reason(item) is not None:
             item.add_marker(pytest.mark.lab_long)
-        failing = FAILING_LAB_TESTS.get(f"{item.path.name}::{item.name.split('[')[0]}")
+        failing = FAILING_LAB_TESTS.get(f"{item.path.name}::{item.name}") or FAILING_LAB_TESTS.get(
+            f"{item.path.name}::{item.name.split('[')[0]}"
+        )
         if failing is not None:
             item.add_marker(pytest.mark.xfail(reason=f"known defect, not fixed yet: {failing}", run=False))
