@@ -95,10 +95,6 @@ FAILING_LAB_TESTS: dict[str, str] = {
         "2026-12-02: the serving stage's run warns 'The loop variable item is already in use' (a product "
         "defect: a role's loop inside an include looped with item)"
     ),
-    "test_serving_on_lab.py::test_objects_exist_in_the_api_as_rendered": (
-        "2026-12-02: the gateway's image is lab-mirror:5000/llm-platform/llm-gateway:0.1.0@<registry "
-        "digest>; the test expects localhost/llm-gateway:0.1.0@<local digest> (written before the registry)"
-    ),
     "test_serving_on_lab.py::test_bad_input_is_refused_before_any_change[cuda-too-new]": (
         "2026-12-02: its cuda-too-new case failed (the refusal's text not found; not investigated)"
     ),

@@ -80,8 +80,10 @@ def test_objects_exist_in_the_api_as_rendered(first_run: Run) -> None:
     assert gpus == {str(MODEL["gpus_per_replica"])}
     deployment = kubectl_json("get deployment llm-gateway")
     image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
-    digest = (ROOT / ".lab/llm-gateway-image.digest").read_text().strip()
-    assert image == f"localhost/llm-gateway:0.1.0@{digest}"
+    # pulled from the lab registry, by the digest it gave the image it holds (the lab inventory pins it)
+    tag = yaml.safe_load((ROOT / "roles/llm_gateway/defaults/main.yml").read_text())["llm_gateway_image_tag"]
+    ref = f"{LAB_VARS['llm_gateway_image_repository']}:{tag}"
+    assert image == f"{ref}@{json.loads((ROOT / '.lab/image-digests.json').read_text())[ref]}"
     service = kubectl_json("get service llm-gateway")
     assert service["spec"]["ports"][0]["nodePort"] == 30001
     assert kubectl_json("get pdb llm-gateway")["spec"]["minAvailable"] == 1
