@@ -65,6 +65,12 @@ def on_node(node: str, command: str, timeout: int = 300) -> subprocess.Completed
     return podman("exec", node, "sh", "-c", command, timeout=timeout)
 
 
+def pinned_image(ref: str) -> str:
+    """REF@digest: the digest the lab registry gave the image it built (labctl.py up writes them to
+    .lab/image-digests.json, which the lab inventory pins every *_image_digest from)."""
+    return f"{ref}@{json.loads((ROOT / '.lab' / 'image-digests.json').read_text())[ref]}"
+
+
 def running_nodes() -> list[str]:
     return podman("ps", "--format", "{{.Names}}").stdout.split()
 

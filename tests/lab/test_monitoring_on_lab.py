@@ -20,16 +20,11 @@ from typing import Any
 
 import pytest
 import yaml
-from labrun import ROOT, on_node, playbook, running_nodes
+from labrun import ROOT, on_node, pinned_image, playbook, running_nodes
 
 pytestmark = pytest.mark.lab
 
 LAB_VARS = yaml.safe_load((ROOT / "inventories/lab/group_vars/k8s_cluster.yml").read_text())
-
-
-def digest(image: str) -> str:
-    """The digest the lab registry gave an image it built (labctl.py up), which the lab inventory pins."""
-    return json.loads((ROOT / ".lab" / "image-digests.json").read_text())[image]
 
 
 DEFAULTS = yaml.safe_load((ROOT / "roles/monitoring/defaults/main.yml").read_text())
@@ -61,7 +56,7 @@ def test_deployments_run_their_pinned_images(converged: None) -> None:
         deployment = kubectl_json(f"-n {NAMESPACE} get deployment {name}")
         image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
         wanted = DEFAULTS[f"monitoring_{name}_image"]
-        assert image == f"{wanted}@{digest(wanted)}"
+        assert image == pinned_image(wanted)
         assert deployment["status"].get("readyReplicas") == 1, (name, deployment["status"])
 
 
@@ -74,7 +69,7 @@ def test_dcgm_exporter_on_every_gpu_node_and_only_there(converged: None) -> None
     daemonset = kubectl_json(f"-n {NAMESPACE} get daemonset dcgm-exporter")
     container = daemonset["spec"]["template"]["spec"]["containers"][0]
     wanted = f"nvcr.io/nvidia/k8s/dcgm-exporter:{DEFAULTS['monitoring_dcgm_exporter_version']}-distroless"
-    assert container["image"] == f"{wanted}@{digest(wanted)}"
+    assert container["image"] == pinned_image(wanted)
     version = DEFAULTS["monitoring_dcgm_exporter_version"]
     path = f"{DEFAULTS['monitoring_dcgm_exporter_manifest_dir']}/dcgm-exporter-{version}.yaml"
     manifest = on_node("gpu-node-1", f"sha256sum {path}")

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
-from labrun import NODES, ROOT, on_node, playbook, running_nodes
+from labrun import NODES, ROOT, on_node, pinned_image, playbook, running_nodes
 
 pytestmark = pytest.mark.lab
 
@@ -28,12 +28,6 @@ PLUGIN = yaml.safe_load((ROOT / "roles/nvidia_device_plugin/defaults/main.yml").
 KUBECTL = "kubectl --kubeconfig /etc/kubernetes/admin.conf"
 NAMESPACE = DEFAULTS["monitoring_namespace"]
 IMAGE = f"nvcr.io/nvidia/k8s/dcgm-exporter:{DEFAULTS['monitoring_dcgm_exporter_version']}-distroless"
-
-
-def pinned(image: str) -> str:
-    """IMAGE@digest: the digest the lab registry gave the image it built (labctl.py up), as the lab
-    inventory pins it from .lab/image-digests.json."""
-    return f"{image}@{json.loads((ROOT / '.lab' / 'image-digests.json').read_text())[image]}"
 
 
 PROBE = (
@@ -72,7 +66,7 @@ def probe_pod(name: str, env: dict[str, str], gpus: int) -> str:
             "containers": [
                 {
                     "name": "probe",
-                    "image": pinned(IMAGE),
+                    "image": pinned_image(IMAGE),
                     "command": ["python3", "-c", PROBE],
                     "env": [{"name": k, "value": v} for k, v in env.items()],
                     "resources": {"limits": limits},

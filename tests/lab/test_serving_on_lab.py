@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
-from labrun import ROOT, Run, extra_vars, on_node, playbook, running_nodes
+from labrun import ROOT, Run, extra_vars, on_node, pinned_image, playbook, running_nodes
 
 pytestmark = pytest.mark.lab
 
@@ -83,7 +83,7 @@ def test_objects_exist_in_the_api_as_rendered(first_run: Run) -> None:
     # pulled from the lab registry, by the digest it gave the image it holds (the lab inventory pins it)
     tag = yaml.safe_load((ROOT / "roles/llm_gateway/defaults/main.yml").read_text())["llm_gateway_image_tag"]
     ref = f"{LAB_VARS['llm_gateway_image_repository']}:{tag}"
-    assert image == f"{ref}@{json.loads((ROOT / '.lab/image-digests.json').read_text())[ref]}"
+    assert image == pinned_image(ref)
     service = kubectl_json("get service llm-gateway")
     assert service["spec"]["ports"][0]["nodePort"] == 30001
     assert kubectl_json("get pdb llm-gateway")["spec"]["minAvailable"] == 1
