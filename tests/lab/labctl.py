@@ -539,7 +539,10 @@ def ensure_node(node: Node) -> None:
         wait_for_systemd(node)
 
 
-def wait_for_systemd(node: Node, timeout_s: float = 90) -> None:
+def wait_for_systemd(node: Node, timeout_s: float = 240) -> None:
+    """Until the node's boot is done. The limit is well past systemd's own 90 s job timeout: a unit that
+    hangs fails at 90 s and the node comes up degraded, which the stages' own checks then report; three
+    nodes restarting with their Kubernetes state on 2 cores take minutes, not seconds."""
     deadline = time.monotonic() + timeout_s
     state = ""
     while time.monotonic() < deadline:
@@ -547,7 +550,11 @@ def wait_for_systemd(node: Node, timeout_s: float = 90) -> None:
         if state in ("running", "degraded"):
             return
         time.sleep(1)
-    raise LabError(f"{node.name}: systemd did not come up within {timeout_s:.0f}s (last state: {state!r})")
+    jobs = podman("exec", node.name, "systemctl", "list-jobs", "--no-legend", check=False).stdout.strip()
+    raise LabError(
+        f"{node.name}: systemd did not come up within {timeout_s:.0f}s (last state: {state!r}); "
+        f"jobs still running: {jobs or 'none listed'} (podman exec {node.name} journalctl -b)"
+    )
 
 
 def install_fake_gpus(node: Node) -> None:

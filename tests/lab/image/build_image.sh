@@ -132,9 +132,13 @@ UNIT
 chroot "$root" systemctl enable ssh.service >/dev/null 2>&1
 # Units that cannot work in a container, masked so systemd reaches "running" (freshclam: no
 # ClamAV mirror in reach; labctl installs the lab's own signature database, docs/lab.md).
+# binfmt_misc is this machine's kernel table: a privileged node would register binary formats
+# on the host, and its automount, triggered by several nodes booting at once, hung one node's
+# boot for systemd's whole 90 s job timeout (CI of 2026-12-02).
 for unit in systemd-udevd.service systemd-udevd-control.socket systemd-udevd-kernel.socket \
   systemd-modules-load.service sys-kernel-config.mount systemd-remount-fs.service \
   getty@tty1.service console-getty.service systemd-logind.service \
+  systemd-binfmt.service proc-sys-fs-binfmt_misc.automount proc-sys-fs-binfmt_misc.mount \
   clamav-freshclam.service; do
   chroot "$root" systemctl mask "$unit" >/dev/null 2>&1 || true
 done
