@@ -39,8 +39,12 @@ REPO = LAB_SRC.parents[1]
 STATE = labstate.STATE
 REGISTRY_DIR = STATE / "registry"
 DIGESTS = STATE / "images.json"  # ref -> {"inputs": hash, "digest": registry digest}
-# ref -> digest, what inventories/lab reads (lab_image_digests)
+# ref -> digest, what the lab tests read (labrun.pinned_image)
 INVENTORY_DIGESTS = STATE / "image-digests.json"
+# site value -> digest, what inventories/lab reads (lab_site_digests): each *_image_digest the site pins
+# (playbooks/vars/site-values.yml), by the variable's name, so playbooks/validate.yml reads it from the
+# inventory alone, before any role's defaults are loaded
+SITE_DIGESTS = STATE / "site-digests.json"
 # The registry as this machine reaches it (the lab network's bridge); the nodes call it lab-mirror:5000.
 REGISTRY_PUSH = "10.89.42.2:5000"
 BASE_IMAGE = "localhost/llm-lab-base:bookworm"
@@ -74,6 +78,7 @@ class Image:
     env: dict[str, str] = field(default_factory=dict)
     run: str = ""  # a RUN step (only on BASE_IMAGE)
     what: str = ""  # a line for docs and logs: real program or stand-in
+    site_digest: str = ""  # the site value that pins its digest (SITE_DIGESTS), where the site pins one
 
     @property
     def repository(self) -> str:
@@ -160,6 +165,7 @@ def images() -> list[Image]:
                 "NVIDIA_DISABLE_REQUIRE": "true",
             },
             entrypoint=("/usr/bin/dcgm-exporter",),
+            site_digest="monitoring_dcgm_exporter_image_digest",
             what="STAND-IN: dcgm-exporter's flags, counters, metrics of the fake NVML (tests/lab/nvidia)",
         ),
         Image(
@@ -187,6 +193,7 @@ def monitoring_images() -> list[Image]:
             lambda: {f"/bin/{name}": built("prometheus", name) for name in ("prometheus", "promtool")},
             user="65534:65534",
             entrypoint=("/bin/prometheus",),
+            site_digest="monitoring_prometheus_image_digest",
             what="the real Prometheus (github.com/prometheus/prometheus; its web UI's built assets are not)",
         ),
         Image(
@@ -194,6 +201,7 @@ def monitoring_images() -> list[Image]:
             lambda: {f"/bin/{name}": built("alertmanager", name) for name in ("alertmanager", "amtool")},
             user="65534:65534",
             entrypoint=("/bin/alertmanager",),
+            site_digest="monitoring_alertmanager_image_digest",
             what="the real Alertmanager (github.com/prometheus/alertmanager)",
         ),
         Image(
@@ -201,6 +209,7 @@ def monitoring_images() -> list[Image]:
             lambda: {"/usr/share/grafana/bin/grafana-standin": built("lab-programs", "grafana-standin")},
             user="472:472",
             entrypoint=("/usr/share/grafana/bin/grafana-standin",),
+            site_digest="monitoring_grafana_image_digest",
             what="STAND-IN: checks the provisioned files, answers /api/health (Grafana cannot be built here)",
         ),
     ]
@@ -356,18 +365,22 @@ def ensure_pushed(
     return digest
 
 
-def ensure_all(site_images: dict[str, str] | None = None) -> dict[str, str]:
-    """Build and push every image, and push SITE_IMAGES (registry ref -> local podman image, built elsewhere:
-    the gateway); write .lab/images.json and .lab/image-digests.json; return ref -> digest."""
+def ensure_all(site_images: dict[str, tuple[str, str]] | None = None) -> dict[str, str]:
+    """Build and push every image, and push SITE_IMAGES (registry ref -> (local podman image, built elsewhere:
+    the gateway; the site value pinning its digest)); write .lab/images.json, .lab/image-digests.json and
+    .lab/site-digests.json; return ref -> digest."""
     recorded = json.loads(DIGESTS.read_text()) if DIGESTS.is_file() else {}
     work: list[tuple[Image, str, str | None]] = [(image, ensure_built(image), None) for image in images()]
-    for ref, local in (site_images or {}).items():
+    for ref, (local, site_digest) in (site_images or {}).items():
         local_id = podman("image", "inspect", "--format", "{{.Id}}", local).stdout.strip()
-        work.append((Image(ref, dict, what=f"{local} (built here)"), local_id, local))
+        image = Image(ref, dict, what=f"{local} (built here)", site_digest=site_digest)
+        work.append((image, local_id, local))
     for image, inputs, local in work:
         digest = ensure_pushed(image, inputs, recorded, local)
         recorded[image.ref] = {"inputs": inputs, "digest": digest}
         DIGESTS.write_text(json.dumps(recorded, indent=2, sort_keys=True) + "\n")
     digests = {ref: entry["digest"] for ref, entry in recorded.items()}
     INVENTORY_DIGESTS.write_text(json.dumps(digests, indent=2, sort_keys=True) + "\n")
+    site = {image.site_digest: digests[image.ref] for image, _, _ in work if image.site_digest}
+    SITE_DIGESTS.write_text(json.dumps(site, indent=2, sort_keys=True) + "\n")
     return digests

@@ -511,10 +511,18 @@ def ensure_images() -> None:
     """Every image the lab's cluster pulls, built and pushed to the lab registry (tests/lab/images.py)."""
     try:
         # the gateway, built from serve/Containerfile, goes to the lab registry standing in for the site's own
-        digests = images.ensure_all({GATEWAY_REGISTRY_REF: GATEWAY_IMAGE, vllm_image_ref(): VLLM_SIM_IMAGE})
+        digests = images.ensure_all(
+            {
+                GATEWAY_REGISTRY_REF: (GATEWAY_IMAGE, "llm_gateway_image_digest"),
+                vllm_image_ref(): (VLLM_SIM_IMAGE, "vllm_serving_image_digest"),
+            }
+        )
     except images.ImageError as err:
         raise LabError(str(err)) from err
-    log(f"{len(digests)} images in the lab registry (digests in .lab/images.json)")
+    log(
+        f"{len(digests)} images in the lab registry (digests in .lab/image-digests.json, the site's pins in "
+        ".lab/site-digests.json)"
+    )
 
 
 def ensure_node(node: Node) -> None:
