@@ -17,7 +17,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 LAB_INVENTORY := inventories/lab/hosts.yml
 PLAYBOOKS := $(wildcard playbooks/*.yml playbooks/remediate/*.yml)
 # node-side unit test files run under the nodes' Python only (make unit)
-NODE_ONLY_TESTS := tests/unit/test_oncall_playbooks.py tests/unit/test_remove_node_playbook.py tests/unit/test_gpu_health_agent.py tests/unit/test_driver_gpu_clients.py
+NODE_ONLY_TESTS := tests/unit/test_oncall_playbooks.py tests/unit/test_remove_node_playbook.py tests/unit/test_upgrade_kubernetes_playbook.py tests/unit/test_gpu_health_agent.py tests/unit/test_driver_gpu_clients.py
 MOLECULE_SCENARIOS := $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml)))
 # What `make test` runs of them: the scenarios whose platforms the lab has not. gpu_node's second platform is
 # an SXM board with NVSwitch (fabric manager); the lab's nodes are PCIe A100s. common, containerd and
@@ -107,7 +107,7 @@ unit: venv node-venv ## unit tests (modules against the fake NVML; the gateway p
 	$(BIN)/python tests/lab/gobuild/build.py kubernetes etcd
 	# one worker per core (pytest-xdist): each test makes its own files, servers and ports. The node-side
 	# files in NODE_ONLY_TESTS run in the 3.10 pass below only: what they test runs on the nodes (the agent,
-	# the on-call playbooks', remove-node.yml's and the driver role's modules; their ansible-playbook is the controller's .venv
+	# the on-call playbooks', remove-node.yml's, upgrade-kubernetes.yml's and the driver role's modules; their ansible-playbook is the controller's .venv
 	# in both passes), they skip nothing there, and they are the slowest (the real control plane)
 	pytest -n auto tests/unit $(addprefix --ignore=,$(NODE_ONLY_TESTS))
 	# The node-side tests again under the nodes' Python (3.10, $(NODE_VENV)). Selected by a rule, not a

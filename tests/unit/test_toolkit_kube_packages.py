@@ -61,7 +61,7 @@ def toolkit_pin() -> tuple[list[str], str]:
 def kube_pin() -> tuple[list[str], str]:
     role = kubernetes_node()
     install = task("kubernetes_node", "install-kube-packages.yml", "Install kubeadm")
-    pin = task("kubernetes_node", "install-kube-packages.yml", "Pin kubeadm")
+    pin = task("kubernetes_node", "repository.yml", "Pin kubeadm")
     return role.template(install["ansible.builtin.apt"]["name"]), role.template(
         pin["ansible.builtin.copy"]["content"]
     )

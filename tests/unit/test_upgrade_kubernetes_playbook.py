@@ -1,0 +1,214 @@
+"""playbooks/upgrade-kubernetes.yml run by ansible-playbook against the real control plane of the production
+pin (real_kube.py; test_gpu_health_agent.Cluster: three GPU Nodes), as test_remove_node_playbook.py runs
+remove-node.yml: gpu-node-1 (the control plane), gpu-node-2 and gpu-node-3 are this machine (connection
+local). The versions the playbook reads are written here as kubeadm and the kubelets write them: ConfigMap
+kube-system/kubeadm-config's ClusterConfiguration (kubernetesVersion) and each Node's status.nodeInfo
+(kubeletVersion, containerRuntimeVersion).
+
+What runs here is everything before a change: each refusal, --check's plan, the no-op. The upgrade itself
+(pkgs.k8s.io packages, kubeadm upgrade apply/node, kubelet restarts) needs root on real nodes and the packages
+of both minors: the lab's to prove (docs/runbook.md, "Upgrade Kubernetes one minor").
+
+roles/kubernetes/vars/main.yml has a row for 1.36 only; these tests give the playbook rows of their own for
+the next minors (extra vars), as a site's matrix would have them once checked: the playbook reads the matrix,
+it does not know which rows exist."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from real_kube import ControlPlane, Kubelets
+from test_gpu_health_agent import NODES, Cluster
+from test_oncall_playbooks import Site, recap_changed
+
+ROOT = Path(__file__).resolve().parents[2]
+PLAYBOOK = ROOT / "playbooks" / "upgrade-kubernetes.yml"
+KUBEADM_CONFIG = "/api/v1/namespaces/kube-system/configmaps/kubeadm-config"
+# the test's own matrix: 1.36 as roles/kubernetes has it, and rows for 1.37 and 1.38
+RELEASES = {
+    "1.36": {"pause": "3.10.2", "containerd": ["2.1", "2.2", "2.3"]},
+    "1.37": {"pause": "3.10.2", "containerd": ["2.2", "2.3"]},
+    "1.38": {"pause": "3.10.2", "containerd": ["2.2", "2.3"]},
+}
+
+
+class UpgradeSite(Site):
+    """The on-call tests' site, running upgrade-kubernetes.yml."""
+
+    def command(self, playbook: str, *args: str) -> list[str]:
+        command = super().command(playbook, *args)
+        command[3] = str(PLAYBOOK)  # Site's commands name playbooks/remediate/<playbook>
+        return command
+
+    def upgrade(self, *args: str, target: str | None = None) -> subprocess.CompletedProcess[str]:
+        extra = {"kubernetes_releases": RELEASES}
+        if target:
+            extra["kubernetes_version"] = target
+        return self.play("upgrade-kubernetes.yml", "-e", json.dumps(extra), *args)
+
+    def versions(
+        self, cluster: str, kubelets: dict[str, str] | None = None, containerd: dict[str, str] | None = None
+    ) -> None:
+        """The cluster on CLUSTER (kubeadm-config), each kubelet on CLUSTER unless KUBELETS says otherwise,
+        each node's containerd 2.3.4 unless CONTAINERD says otherwise."""
+        admin = self.cluster.admin
+        admin.request("DELETE", KUBEADM_CONFIG)
+        configuration = (
+            "apiVersion: kubeadm.k8s.io/v1beta4\nkind: ClusterConfiguration\n"
+            f"kubernetesVersion: v{cluster}\nnetworking:\n  podSubnet: 10.244.0.0/16\n"
+        )
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "kubeadm-config", "namespace": "kube-system"},
+            "data": {"ClusterConfiguration": configuration},
+        }
+        admin.ok("POST", "/api/v1/namespaces/kube-system/configmaps", body)
+        for name in NODES:
+            info = {
+                "kubeletVersion": f"v{(kubelets or {}).get(name, cluster)}",
+                "containerRuntimeVersion": f"containerd://{(containerd or {}).get(name, '2.3.4')}",
+            }
+            admin.ok(
+                "PATCH",
+                f"/api/v1/nodes/{name}/status",
+                {"status": {"nodeInfo": info}},
+                "application/merge-patch+json",
+            )
+
+    def kubeadm_config(self) -> dict[str, Any]:
+        return self.cluster.admin.ok("GET", KUBEADM_CONFIG)["data"]
+
+    def node_infos(self) -> dict[str, dict[str, Any]]:
+        return {name: self.cluster.node(name)["status"]["nodeInfo"] for name in NODES}
+
+
+@pytest.fixture(scope="module")
+def site(kube_controllers: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpgradeSite]:
+    cluster = Cluster(kube_controllers, tmp_path_factory.mktemp("upgrade-k8s-api"))
+    kubelets = Kubelets(kube_controllers, NODES)
+    made = UpgradeSite(cluster, tmp_path_factory.mktemp("upgrade-k8s-site"))
+    with kubelets:
+        yield made
+        made.reset()
+        cluster.admin.request("DELETE", KUBEADM_CONFIG)
+    cluster.close()
+    assert not kubelets.errors, kubelets.errors
+
+
+@pytest.fixture
+def fresh(site: UpgradeSite) -> Iterator[UpgradeSite]:
+    site.reset()
+    yield site
+    site.reset()
+
+
+def said(run: subprocess.CompletedProcess[str]) -> str:
+    return " ".join((run.stdout + run.stderr).split())
+
+
+def assert_nothing_changed(site: UpgradeSite, run: subprocess.CompletedProcess[str], cluster: str) -> None:
+    assert site.cluster.cordoned() == [], said(run)[-3000:]
+    assert f"kubernetesVersion: v{cluster}" in site.kubeadm_config()["ClusterConfiguration"]
+    changes = ("Unhold kubeadm", "Drain", "Upgrade the control plane, kubeadm", "Restart the kubelet")
+    for task in changes:
+        assert f"TASK [{task}" not in run.stdout, task
+
+
+@pytest.mark.parametrize(
+    ("cluster", "kubelets", "containerd", "target", "expected"),
+    [
+        pytest.param(
+            "1.36.3", {}, {}, "1.38.0",
+            "kubernetes_version 1.38.0 is more than one minor above the cluster's 1.36.3",
+            id="skips-a-minor",
+        ),
+        pytest.param(
+            "1.36.3", {}, {}, "1.36.2",
+            "kubernetes_version 1.36.2 is older than the cluster's 1.36.3",
+            id="downgrade",
+        ),
+        pytest.param(
+            "1.36.3", {}, {"gpu-node-3": "2.1.5"}, "1.37.1",
+            "kubernetes_version 1.37.1 (Kubernetes 1.37) supports containerd 2.2, 2.3 "
+            "(roles/kubernetes/vars/main.yml): gpu-node-3 runs containerd 2.1.5",
+            id="containerd-outside-the-matrix",
+        ),
+        pytest.param(
+            "1.36.3", {"gpu-node-3": "1.35.9"}, {}, "1.37.1",
+            "mixed minors (gpu-node-1 1.36.3, gpu-node-2 1.36.3, gpu-node-3 1.35.9; "
+            "the control plane 1.36.3): gpu-node-3 out of step",
+            id="mixed-minors",
+        ),
+    ],
+)  # fmt: skip
+def test_refuses_naming_kubernetes_version_before_any_change(
+    fresh: UpgradeSite,
+    cluster: str,
+    kubelets: dict[str, str],
+    containerd: dict[str, str],
+    target: str,
+    expected: str,
+) -> None:
+    fresh.versions(cluster, kubelets, containerd)
+    before = fresh.node_infos()
+    run = fresh.upgrade(target=target)
+    assert run.returncode != 0, run.stdout
+    assert expected in said(run), said(run)[-3000:]
+    assert_nothing_changed(fresh, run, cluster)
+    assert fresh.node_infos() == before
+
+
+def test_a_minor_outside_the_matrix_is_refused_by_the_release_role(fresh: UpgradeSite) -> None:
+    fresh.versions("1.36.3")
+    run = fresh.upgrade(target="1.39.0")
+    assert run.returncode != 0, run.stdout
+    assert "kubernetes_version must be 1.MINOR.PATCH of a minor in the supported matrix" in said(run)
+    assert_nothing_changed(fresh, run, "1.36.3")
+
+
+def test_check_prints_the_plan_in_order_and_changes_nothing(fresh: UpgradeSite) -> None:
+    fresh.versions("1.36.3")
+    run = fresh.upgrade("--check", target="1.37.1")
+    assert run.returncode == 0, run.stdout + run.stderr
+    text = said(run)
+    steps = [
+        "gpu-node-1 (control plane): the cluster 1.36.3 -> 1.37.1 (kubeadm upgrade plan, "
+        "kubeadm upgrade apply v1.37.1 --yes), then its kubelet 1.36.3 -> 1.37.1",
+        "gpu-node-2 (worker 1 of 2): kubelet 1.36.3 -> 1.37.1",
+        "gpu-node-3 (worker 2 of 2): kubelet 1.36.3 -> 1.37.1",
+    ]
+    for step in steps:
+        assert step in text, (step, text[-4000:])
+    assert [text.index(step) for step in steps] == sorted(text.index(step) for step in steps)
+    assert "Check mode: nothing was changed" in text, text[-3000:]
+    assert set(recap_changed(run.stdout).values()) == {0}, run.stdout[-3000:]
+    assert_nothing_changed(fresh, run, "1.36.3")
+
+
+def test_check_after_a_stopped_run_plans_only_what_is_left(fresh: UpgradeSite) -> None:
+    """The control plane and gpu-node-2 on 1.37.1, gpu-node-3 still on 1.36.3: a run that stopped at
+    gpu-node-3. Running again (same kubernetes_version) finishes it."""
+    fresh.versions("1.37.1", {"gpu-node-3": "1.36.3"})
+    run = fresh.upgrade("--check", target="1.37.1")
+    assert run.returncode == 0, run.stdout + run.stderr
+    text = said(run)
+    assert "gpu-node-3 (worker 2 of 2): kubelet 1.36.3 -> 1.37.1" in text, text[-4000:]
+    assert "gpu-node-1 (control plane): on 1.37.1 already" in text, text[-4000:]
+    assert "gpu-node-2 (worker 1 of 2): on 1.37.1 already" in text, text[-4000:]
+    assert_nothing_changed(fresh, run, "1.37.1")
+
+
+def test_all_on_the_target_is_a_no_op(fresh: UpgradeSite) -> None:
+    fresh.versions("1.36.3")
+    run = fresh.upgrade(target="1.36.3")
+    assert run.returncode == 0, run.stdout + run.stderr
+    text = said(run)
+    assert "Nothing to do: the control plane and every kubelet run 1.36.3" in text, text[-3000:]
+    assert set(recap_changed(run.stdout).values()) == {0}, run.stdout[-3000:]
+    assert_nothing_changed(fresh, run, "1.36.3")
