@@ -30,9 +30,9 @@ NAMESPACE = DEFAULTS["monitoring_namespace"]
 IMAGE = f"nvcr.io/nvidia/k8s/dcgm-exporter:{DEFAULTS['monitoring_dcgm_exporter_version']}-distroless"
 
 
-# The probe runs in the dcgm-exporter stand-in image with the image's own NVML binding (tests/lab/images.py puts
-# it beside the exporter, as an application carries its binding); the runtime gives it the driver: the fake
-# NVML's state and library, which is what nvmlInit and the driver version read.
+# The probe runs in the dcgm-exporter stand-in image with the image's own NVML binding (tests/lab/images.py
+# puts it beside the exporter, as an application carries its binding); the runtime gives it the driver: the
+# fake NVML's state and library, which is what nvmlInit and the driver version read.
 PROBE = (
     "import sys; sys.path.insert(0, '/usr/local/lib/dcgm-exporter'); "
     "import json, os, pynvml; pynvml.nvmlInit(); "
