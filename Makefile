@@ -16,8 +16,10 @@ export CONTAINERS_CONF ?= $(CURDIR)/tests/lab/containers.conf
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 LAB_INVENTORY := inventories/lab/hosts.yml
 PLAYBOOKS := $(wildcard playbooks/*.yml playbooks/remediate/*.yml)
-# node-side unit test files run under the nodes' Python only (make unit)
-NODE_ONLY_TESTS := tests/unit/test_oncall_playbooks.py tests/unit/test_remove_node_playbook.py tests/unit/test_upgrade_kubernetes_playbook.py tests/unit/test_gpu_health_agent.py tests/unit/test_driver_gpu_clients.py
+# node-side unit test files that run under the controller's Python too (make unit): parts of them need serve/,
+# which only the controller's .venv has, and skip under the nodes' Python; every other node-side file runs
+# under the nodes' Python only
+NODE_TESTS_ON_CONTROLLER_TOO := tests/unit/test_monitoring_names.py tests/unit/test_monitoring_prometheus.py
 MOLECULE_SCENARIOS := $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml)))
 # What `make test` runs of them: the scenarios whose platforms the lab has not. gpu_node's second platform is
 # an SXM board with NVSwitch (fabric manager); the lab's nodes are PCIe A100s. common, containerd and
@@ -101,20 +103,21 @@ syntax: venv ## --syntax-check every playbook against both inventories
 sanity: venv ## ansible-test's validate-modules on library/ (in a throw-away collection)
 	$(BIN)/python scripts/validate-modules.py
 
-unit: venv node-venv ## unit tests (modules against the fake NVML; the gateway package's own suite), the node-side ones under 3.10 too
+unit: venv node-venv ## unit tests (modules against the fake NVML; the gateway package's own suite), the node-side ones under 3.10
 	# the real etcd, kube-apiserver, kube-controller-manager, kubeadm and kubectl some tests run on 127.0.0.1
 	# (tests/unit/real_kube.py), built from their Go modules at the production pin, or reused from the cache
 	$(BIN)/python tests/lab/gobuild/build.py kubernetes etcd
 	# one worker per core (pytest-xdist): each test makes its own files, servers and ports. The node-side
-	# files in NODE_ONLY_TESTS run in the 3.10 pass below only: what they test runs on the nodes (the agent,
-	# the on-call playbooks', remove-node.yml's, upgrade-kubernetes.yml's and the driver role's modules; their ansible-playbook is the controller's .venv
-	# in both passes), they skip nothing there, and they are the slowest (the real control plane)
-	pytest -n auto tests/unit $(addprefix --ignore=,$(NODE_ONLY_TESTS))
-	# The node-side tests again under the nodes' Python (3.10, $(NODE_VENV)). Selected by a rule, not a
-	# list, so a new one is not left out: a test file is node-side when it imports node-side code (a
-	# library/ module, one of the project's ansible.module_utils), names a node-side file in a string
-	# ("gpu_tuning_apply.py"), or imports a test file that is node-side (scripts/node-python.py tests;
-	# tests/unit/test_node_python.py holds the rule to it).
+	# test files run in the 3.10 pass below, not here (but NODE_TESTS_ON_CONTROLLER_TOO): what they test runs
+	# on the nodes' Python (modules, the agent, the on-call playbooks' modules; an ansible-playbook they run is
+	# the controller's .venv in either pass), and running them twice cost about 4 minutes of make test
+	pytest -n auto tests/unit $$(for f in $$($(BIN)/python scripts/node-python.py tests); do \
+	  case " $(NODE_TESTS_ON_CONTROLLER_TOO) " in *" $$f "*) ;; *) echo "--ignore=$$f" ;; esac; done)
+	# The node-side tests under the nodes' Python (3.10, $(NODE_VENV)). Selected by a rule, not a list, so a
+	# new one is not left out: a test file is node-side when it imports node-side code (a library/ module, one
+	# of the project's ansible.module_utils), names a node-side file in a string ("gpu_tuning_apply.py"), or
+	# imports a test file that is node-side (scripts/node-python.py tests; tests/unit/test_node_python.py
+	# holds the rule to it).
 	$(NODE_VENV)/bin/python -m pytest -n auto $$($(BIN)/python scripts/node-python.py tests)
 	# serve/ is its own package with its own conftest: a separate run
 	if [ -d serve/tests ]; then pytest serve/tests; fi
