@@ -232,3 +232,13 @@ def test_validate_playbook_reports_it(fresh: StageSite) -> None:
     line = re.search(said_by, text)
     assert line, text[-6000:]
     assert sorted(line[1].split(", ")) == sorted(NODES), line[0]  # one line, every node
+
+
+def test_the_drift_report_points_at_the_upgrade_playbook() -> None:
+    """Role kubeadm_control_plane's drift report (tasks/compare-running-config.yml), which a run of the role
+    outside the stage still reaches, says how a version changes: the upgrade playbook, not kubeadm by hand."""
+    compare = (ROOT / "roles/kubeadm_control_plane/tasks/compare-running-config.yml").read_text()
+    (version,) = [line for line in compare.split("+ ([]") if "kubernetesVersion: the cluster runs" in line]
+    assert "playbooks/upgrade-kubernetes.yml" in version, version
+    assert "kubernetes_version back to" in version, version
+    assert "kubeadm upgrade" not in version, version
