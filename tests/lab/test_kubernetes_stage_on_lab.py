@@ -203,6 +203,8 @@ BAD_VALUES = [
         "kubeadm_control_plane_pod_subnet (10.89.0.0/16) overlaps the network",
     ),
     ("kubernetes_version=1.36", "kubernetes_version must be 1.MINOR.PATCH"),
+    # another version than the running cluster's: playbooks/upgrade-kubernetes.yml moves it
+    ("kubernetes_version=1.36.4", "the inventory asks 1.36.4 (kubernetes_version)"),
     (
         "kubeadm_control_plane_proxy_mode=userspace",
         "kubeadm_control_plane_proxy_mode must be ipvs, nftables or iptables",

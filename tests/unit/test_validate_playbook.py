@@ -168,6 +168,31 @@ def test_validate_checks_the_roles_each_stage_checks(path: str) -> None:
     assert (play["hosts"], play["tasks"][0]["loop"]) == (hosts, roles)
 
 
+def included(play: dict[str, Any], role: str, tasks_from: str) -> bool:
+    """Whether PLAY's tasks include TASKS_FROM of ROLE, directly or through tasks/validate-role.yml."""
+    for task in play.get("pre_tasks", []) + play.get("tasks", []):
+        include = task.get("ansible.builtin.include_role") or {}
+        if (include.get("name"), include.get("tasks_from")) == (role, tasks_from):
+            return True
+        given = task.get("vars") or {}
+        if task.get("ansible.builtin.include_tasks") == "tasks/validate-role.yml" and (
+            given.get("validate_role"),
+            given.get("validate_tasks_from"),
+        ) == (role, tasks_from):
+            return True
+    return False
+
+
+def test_validate_checks_the_version_a_running_cluster_runs_as_the_stage_does() -> None:
+    """The Kubernetes stage's validation play refuses a kubernetes_version other than the running cluster's
+    (role kubernetes, tasks/check-running-version.yml, not part of its validate.yml): validate.yml too."""
+    stage = yaml.safe_load((ROOT / "playbooks/kubernetes.yml").read_text())[0]
+    plays = yaml.safe_load((ROOT / "playbooks/validate.yml").read_text())
+    (play,) = [p for p in plays if p["name"].startswith("Kubernetes - validate")]
+    assert included(stage, "kubernetes", "check-running-version")
+    assert included(play, "kubernetes", "check-running-version")
+
+
 def test_the_readme_names_every_site_value() -> None:
     readme = (ROOT / "README.md").read_text()
     assert [v["name"] for v in SITE_VALUES if f"`{v['name']}`" not in readme] == []
