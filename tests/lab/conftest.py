@@ -50,6 +50,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 # make lab) and the tests that probe the converged cluster without running a stage or a remediation playbook
 # again. A key is a file (all of its tests) or file::test; each says what in `make test` guards the same.
 LONG_LAB_TESTS: dict[str, str] = {
+    "test_canary_on_lab.py": (
+        "6.5 min (canary, promote and rollback, each a rolling update of the gateway on the real cluster); in "
+        "make test: test_serving_on_lab.py's site run that keeps a canary in progress, test_model_rollout.py "
+        "and test_gpu_rollout.py the rollout's plan and refusals"
+    ),
     "test_day2_on_lab.py::test_a_restore_brings_back_what_was_deleted_and_corrupted": (
         "8 min (the real kubelet restarts the static Pods slowly); in make test: test_etcd_backup.py "
         "restores a snapshot into a real etcd behind a real API server, test_etcd_restore_playbook.py the "
@@ -91,28 +96,6 @@ LONG_LAB_TESTS: dict[str, str] = {
 # seen. They are not run (xfail, run=False: reported as x, never green) until the defect named is fixed; the
 # list is the to-do list, and docs/benchmarks.md's last full run names them too.
 FAILING_LAB_TESTS: dict[str, str] = {
-    "test_serving_on_lab.py::test_no_loop_variable_collision": (
-        "2026-12-02: the serving stage's run warns 'The loop variable item is already in use' (a product "
-        "defect: a role's loop inside an include looped with item)"
-    ),
-    "test_serving_on_lab.py::test_bad_input_is_refused_before_any_change[cuda-too-new]": (
-        "2026-12-02: its cuda-too-new case failed (the refusal's text not found; not investigated)"
-    ),
-    "test_validate_on_lab.py::test_the_lab_inventory_passes_and_nothing_changes": (
-        "2026-12-02: validate.yml names 6 site values of the lab inventory as unset "
-        "(vllm_serving_image_digest first: the lab's digests are templates reading .lab/image-digests.json)"
-    ),
-    "test_validate_on_lab.py::test_emptied_values_of_several_stages_are_named_in_one_run": (
-        "2026-12-02: failed in the same run as the test above (not investigated)"
-    ),
-    "test_nvidia_standins_on_lab.py::test_a_gpu_pod_gets_the_driver_and_its_gpu": (
-        "2026-12-02: the probe pod (dcgm-exporter stand-in image, RuntimeClass nvidia) ran and exited with "
-        "ModuleNotFoundError: No module named 'pynvml': the runtime stand-in's driver injection no longer "
-        "reaches the image's Python"
-    ),
-    "test_nvidia_standins_on_lab.py::test_a_gpu_the_node_lacks_is_refused_by_the_runtime": (
-        "2026-12-02: failed in the same run as the test above, with the same probe pod (not re-run)"
-    ),
     "test_remediation_on_lab.py::test_device_plugin_fault_found_and_fixed": (
         "2026-12-02: restart-device-plugin.yml --check did not name gpu-node-3 as offering too few GPUs "
         "after the injected plugin fault (a run whose lab earlier tests had left with a node offering 2 of 4)"

@@ -89,6 +89,9 @@ def as_operator(command: str, timeout: int = 300) -> subprocess.CompletedProcess
 AGENT_CORDON = "gpu-health.llm-platform.io/cordon"
 AGENT_HISTORY = "gpu-health.llm-platform.io/history"
 ADMIN_KUBECTL = "kubectl --kubeconfig /etc/kubernetes/admin.conf"
+GPU_RESOURCE = "nvidia.com/gpu"
+# the device plugin DaemonSet's pods, by the label the upstream manifest gives them
+_PLUGIN_SELECTOR = "name=nvidia-device-plugin-ds"
 _AGENT_METRICS = (
     'python3 -c "import urllib.request; '
     "print(urllib.request.urlopen('http://127.0.0.1:9445/metrics', timeout=5).read().decode())\""
@@ -130,6 +133,40 @@ def take_back_agent_cordons(timeout: float = 30) -> list[str]:
             assert done.returncode == 0, f"kubectl {args}: {done.stderr}"
         taken_back.append(name)
     return taken_back
+
+
+def give_back_unhealthy_gpus(timeout: float = 120) -> list[str]:
+    """After a test has cleared the GPU fault it injected: the device plugin marks a GPU Unhealthy on a
+    critical Xid or ECC event and never Healthy again (NVIDIA's plugin, v0.20; the lab's stand-in does the
+    same), so the node offers fewer GPUs to the scheduler until its plugin pod is replaced, which is what
+    on-call does (playbooks/remediate/restart-device-plugin.yml). This replaces the plugin pod of every node
+    offering fewer GPUs than it has, and waits until each offers them all again. Returns those nodes."""
+    if on_node(NODES[0], "test -f /etc/kubernetes/admin.conf", timeout=60).returncode != 0:
+        return []
+
+    def short_nodes() -> dict[str, dict[str, Any]]:
+        listed = on_node(NODES[0], f"{ADMIN_KUBECTL} get nodes -o json", timeout=60)
+        assert listed.returncode == 0, listed.stderr
+        return {
+            item["metadata"]["name"]: item["status"]
+            for item in json.loads(listed.stdout)["items"]
+            if item["status"].get("allocatable", {}).get(GPU_RESOURCE)
+            != item["status"].get("capacity", {}).get(GPU_RESOURCE)
+        }
+
+    short = sorted(short_nodes())
+    for node in short:
+        done = on_node(
+            NODES[0],
+            f"{ADMIN_KUBECTL} delete pods -A --field-selector spec.nodeName={node} -l {_PLUGIN_SELECTOR}",
+            timeout=120,
+        )
+        assert done.returncode == 0, f"{node}: deleting its device plugin pod: {done.stderr}"
+    deadline = time.monotonic() + timeout
+    while short and (left := short_nodes()):
+        assert time.monotonic() < deadline, f"still offering fewer GPUs than they have: {left}"
+        time.sleep(2)
+    return short
 
 
 def cordoned_nodes() -> dict[str, str]:
