@@ -51,9 +51,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 # again. A key is a file (all of its tests) or file::test; each says what in `make test` guards the same.
 LONG_LAB_TESTS: dict[str, str] = {
     "test_canary_on_lab.py": (
-        "6.5 min (canary, promote and rollback, each a rolling update of the gateway on the real cluster); in "
-        "make test: test_serving_on_lab.py's site run that keeps a canary in progress, test_model_rollout.py "
-        "and test_gpu_rollout.py the rollout's plan and refusals"
+        "6.5 min (canary, promote and rollback, each a rolling update of the gateway on the real cluster); "
+        "in make test: test_serving_on_lab.py's site run that keeps a canary in progress, "
+        "test_model_rollout.py and test_gpu_rollout.py the rollout's plan and refusals"
     ),
     "test_day2_on_lab.py::test_a_restore_brings_back_what_was_deleted_and_corrupted": (
         "8 min (the real kubelet restarts the static Pods slowly); in make test: test_etcd_backup.py "
