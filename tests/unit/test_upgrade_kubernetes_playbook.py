@@ -25,6 +25,7 @@ import pytest
 from real_kube import ControlPlane, Kubelets
 from test_gpu_health_agent import NODES, Cluster
 from test_oncall_playbooks import Site, recap_changed
+from test_remove_node_playbook import said
 
 ROOT = Path(__file__).resolve().parents[2]
 PLAYBOOK = ROOT / "playbooks" / "upgrade-kubernetes.yml"
@@ -106,10 +107,6 @@ def fresh(site: UpgradeSite) -> Iterator[UpgradeSite]:
     site.reset()
     yield site
     site.reset()
-
-
-def said(run: subprocess.CompletedProcess[str]) -> str:
-    return " ".join((run.stdout + run.stderr).split())
 
 
 def assert_nothing_changed(site: UpgradeSite, run: subprocess.CompletedProcess[str], cluster: str) -> None:
