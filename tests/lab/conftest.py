@@ -96,16 +96,11 @@ LONG_LAB_TESTS: dict[str, str] = {
 # seen. They are not run (xfail, run=False: reported as x, never green) until the defect named is fixed; the
 # list is the to-do list, and docs/benchmarks.md's last full run names them too.
 FAILING_LAB_TESTS: dict[str, str] = {
-    "test_remediation_on_lab.py::test_device_plugin_fault_found_and_fixed": (
-        "2026-12-02: restart-device-plugin.yml --check did not name gpu-node-3 as offering too few GPUs "
-        "after the injected plugin fault (a run whose lab earlier tests had left with a node offering 2 of 4)"
-    ),
-    "test_remediation_on_lab.py::test_driver_mismatch_repair_finishes_with_the_cluster_gpu_clients_running": (
-        "2026-12-02: timed out after 30 s waiting for the GPU clients' processes holding the GPUs (same run)"
-    ),
-    "test_remediation_on_lab.py::test_collect_diagnostics_every_item_no_secret": (
-        "2026-12-02: its fixture's pod diag-leaky was not Ready within 120 s (same run: gpu-node-2 cordoned "
-        "by the agent, nvml_error, during the driver-mismatch test)"
+    "test_real_kubernetes_on_lab.py::"
+    "test_a_crash_looping_pod_goes_crash_loop_back_off_with_its_restarts_counted": (
+        "2026-12-02: in make test the second restart was not seen within 75 s; run alone after the "
+        "remediation tests, not even the first CrashLoopBackOff within 90 s (lab-kube-fault's crictl stop "
+        "loop on gpu-node-2 not investigated); it passed in the previous session's runs"
     ),
 }
 

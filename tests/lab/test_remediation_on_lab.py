@@ -47,7 +47,7 @@ from typing import Any
 
 import pytest
 import yaml
-from labrun import ROOT, on_node, playbook, podman, running_nodes, take_back_agent_cordons
+from labrun import ADMIN_KUBECTL, ROOT, on_node, playbook, podman, running_nodes, take_back_agent_cordons
 
 pytestmark = pytest.mark.lab
 
@@ -450,7 +450,9 @@ def leaky_pod() -> Iterator[tuple[str, str]]:
     }
     sh(
         CONTROL_PLANE,
-        f"echo {shlex.quote(json.dumps(pod))} | kubectl --kubeconfig /etc/kubernetes/admin.conf create -f -",
+        # printf, not echo: the node's sh (dash) echo turns the JSON's \n escapes into newlines, which the
+        # YAML parser then folds into spaces, and the server's script became one line (a SyntaxError)
+        f"printf '%s' {shlex.quote(json.dumps(pod))} | {ADMIN_KUBECTL} create -f -",
     )
     try:
         kubectl(
