@@ -208,11 +208,19 @@ def test_a_cluster_whose_api_does_not_answer_is_refused(fresh: StageSite) -> Non
         entry["cluster"]["server"] = f"https://127.0.0.1:{free_port()}"
     down = fresh.tmp / "down.conf"
     down.write_text(yaml.safe_dump(kubeconfig))
-    run = fresh.run(target="1.36.3", extra={"__kubernetes_admin_kubeconfig": str(down)})
+    # waited for (a control plane just booted starts its API server first): here one retry, 10 s apart
+    run = fresh.run(
+        target="1.36.3", extra={"__kubernetes_admin_kubeconfig": str(down), "kubernetes_api_wait_s": 10}
+    )
     text = said(run)
     assert run.returncode != 0, text[-3000:]
-    assert f"gpu-node-1 has a cluster ({down}) whose API did not answer" in text, text[-4000:]
+    assert (
+        "Read the version the control plane runs (ConfigMap kube-system/kubeadm-config) (1 retries left)"
+        in text
+    ), text[-4000:]
+    assert f"gpu-node-1 has a cluster ({down}) whose API did not answer within 10 s" in text, text[-4000:]
     assert "bring the API back first" in text, text[-4000:]
+    assert "systemctl status kubelet" in text, text[-4000:]
 
 
 def test_validate_playbook_reports_it(fresh: StageSite) -> None:
