@@ -285,6 +285,51 @@ def ensure_network() -> None:
     log(f"created network {NETWORK} ({SUBNET})")
 
 
+# the lab network's DNS server (the nodes resolve lab-mirror and each other through it): podman's
+# aardvark-dns, one per machine, started by netavark with the first container of a network with DNS
+AARDVARK_PID = Path("/run/containers/networks/aardvark-dns/aardvark.pid")
+
+
+def aardvark_alive() -> bool:
+    try:
+        pid = int(AARDVARK_PID.read_text().strip())
+        return Path(f"/proc/{pid}/comm").read_text().strip() == "aardvark-dns"
+    except (OSError, ValueError):
+        return False
+
+
+def ensure_network_dns(timeout_s: float = 20) -> None:
+    """Every node resolves the mirror. aardvark-dns dies with the session that started it, and its pid file
+    stays: netavark then signals that pid (dead, or another process's by now) instead of starting a new one
+    when the containers start again, and the nodes' apt, pulls and joins fail on names. Started again here
+    (the stale pid file removed, `podman network reload`), then checked from every node."""
+
+    def unresolved() -> list[str]:
+        return [
+            node.name
+            for node in NODES
+            if podman("exec", node.name, "getent", "hosts", MIRROR_NAME, check=False).returncode != 0
+        ]
+
+    if not (missing := unresolved()):
+        return
+    log(
+        f"{', '.join(missing)}: {MIRROR_NAME} does not resolve (aardvark-dns, the lab network's DNS, is "
+        "gone); starting it again"
+    )
+    if not aardvark_alive():
+        AARDVARK_PID.unlink(missing_ok=True)
+    podman("network", "reload", "--all")
+    deadline = time.monotonic() + timeout_s
+    while (missing := unresolved()) and time.monotonic() < deadline:
+        time.sleep(1)
+    if missing:
+        raise LabError(
+            f"{', '.join(missing)}: {MIRROR_NAME} does not resolve after `podman network reload --all` "
+            f"(aardvark-dns: {AARDVARK_PID}); try: podman exec {missing[0]} getent hosts {MIRROR_NAME}"
+        )
+
+
 def mirror_inputs() -> list[Path]:
     files = [p for p in (LAB_SRC / "mirror").rglob("*") if p.is_file() and "__pycache__" not in p.parts]
     # the model tools' pinned wheels are served by the mirror's PEP 503 index; the kube and containerd.io
@@ -681,6 +726,7 @@ def cmd_up(_: argparse.Namespace) -> None:
         wait_for_systemd(node)
         install_fake_gpus(node)
         wait_for_ssh(node)
+    ensure_network_dns()
     carry_in_models()
     ensure_images()
     log(

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Iterator
 
 import drift
+import labctl
 import pytest
 import yaml
 from labrun import NODES, ROOT, Run, command, on_node, playbook, podman, running_nodes
@@ -55,6 +56,9 @@ def test_lab_up_repairs_a_half_created_lab():
     assert podman("stop", "-t", "2", "gpu-node-1").returncode == 0
     assert podman("rm", "-f", "-t", "2", "gpu-node-2").returncode == 0
     kill_container_processes("gpu-node-3")
+    # the lab network's DNS server dies with the session too, its pid file left behind
+    with contextlib.suppress(ValueError, OSError, ProcessLookupError):
+        os.kill(int(labctl.AARDVARK_PID.read_text()), signal.SIGKILL)
 
     up = command(sys.executable, "tests/lab/labctl.py", "up", timeout=900)
 
@@ -67,6 +71,9 @@ def test_lab_up_repairs_a_half_created_lab():
     assert re.search(repaired, up.output), up.output
     assert "gpu-node-3: created" not in up.output, up.output
     assert set(NODES) <= set(running_nodes())
+    for node in NODES:
+        resolved = podman("exec", node, "getent", "hosts", labctl.MIRROR_NAME)
+        assert resolved.returncode == 0, f"{node} does not resolve {labctl.MIRROR_NAME}:\n{up.output}"
 
 
 @pytest.fixture(scope="module")
