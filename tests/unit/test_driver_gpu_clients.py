@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -433,12 +434,23 @@ def test_stop_takes_only_the_gpu_daemonsets_off_and_a_later_run_puts_them_back(c
 def test_driver_mismatch_plan_names_what_stops_meanwhile(clients: Clients) -> None:
     clients.site.fault(NODE, "kernel-version", "535.104.05")
     try:
-        plan = clients.site.play(
+        # in a PID namespace of its own, with its own /proc: the plan's scan for processes holding
+        # /dev/nvidia* (module_utils/gpu_host.py) reads /proc, where this machine's may show a running lab's
+        # GPU clients (its nodes' device plugins and dcgm-exporters): the plan would name them, and reboot
+        command = clients.site.command(
             "driver-mismatch.yml",
             "-l", NODE,
             "-e", "plan_only=true",
             "-e", f"__nvidia_driver_admin_kubeconfig={clients.site.kubeconfig}",
         )  # fmt: skip
+        plan = subprocess.run(
+            ["unshare", "--pid", "--fork", "--mount-proc", *command],
+            cwd=ROOT,
+            env=clients.site.env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     finally:
         clients.site.fault(NODE, "reset")
     assert plan.returncode == 0, plan.stdout + plan.stderr
