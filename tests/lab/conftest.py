@@ -100,14 +100,7 @@ LONG_LAB_TESTS: dict[str, str] = {
 # Lab tests that failed on the real cluster in the last full run and are not fixed yet: each says what was
 # seen. They are not run (xfail, run=False: reported as x, never green) until the defect named is fixed; the
 # list is the to-do list, and docs/benchmarks.md's last full run names them too.
-FAILING_LAB_TESTS: dict[str, str] = {
-    "test_real_kubernetes_on_lab.py::"
-    "test_a_crash_looping_pod_goes_crash_loop_back_off_with_its_restarts_counted": (
-        "2026-12-02: in make test the second restart was not seen within 75 s; run alone after the "
-        "remediation tests, not even the first CrashLoopBackOff within 90 s (lab-kube-fault's crictl stop "
-        "loop on gpu-node-2 not investigated); it passed in the previous session's runs"
-    ),
-}
+FAILING_LAB_TESTS: dict[str, str] = {}
 
 
 def _long_reason(item: pytest.Item) -> str | None:
