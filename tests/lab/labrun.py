@@ -90,8 +90,8 @@ AGENT_CORDON = "gpu-health.llm-platform.io/cordon"
 AGENT_HISTORY = "gpu-health.llm-platform.io/history"
 ADMIN_KUBECTL = "kubectl --kubeconfig /etc/kubernetes/admin.conf"
 GPU_RESOURCE = "nvidia.com/gpu"
-# the device plugin DaemonSet's pods, by the label the upstream manifest gives them
-_PLUGIN_SELECTOR = "name=nvidia-device-plugin-ds"
+# the device plugin DaemonSet's pods, by the label NVIDIA's manifest gives them
+PLUGIN_SELECTOR = "name=nvidia-device-plugin-ds"
 _AGENT_METRICS = (
     'python3 -c "import urllib.request; '
     "print(urllib.request.urlopen('http://127.0.0.1:9445/metrics', timeout=5).read().decode())\""
@@ -135,21 +135,31 @@ def take_back_agent_cordons(timeout: float = 30) -> list[str]:
     return taken_back
 
 
+def has_cluster() -> bool:
+    """The lab's control plane has a cluster (kubeadm init wrote its admin kubeconfig)."""
+    return on_node(NODES[0], "test -f /etc/kubernetes/admin.conf", timeout=60).returncode == 0
+
+
+def cluster_nodes() -> list[dict[str, Any]]:
+    """The lab cluster's Node objects, as the API server has them."""
+    listed = on_node(NODES[0], f"{ADMIN_KUBECTL} get nodes -o json", timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    return list(json.loads(listed.stdout)["items"])
+
+
 def give_back_unhealthy_gpus(timeout: float = 120) -> list[str]:
     """After a test has cleared the GPU fault it injected: the device plugin marks a GPU Unhealthy on a
     critical Xid or ECC event and never Healthy again (NVIDIA's plugin, v0.20; the lab's stand-in does the
     same), so the node offers fewer GPUs to the scheduler until its plugin pod is replaced, which is what
     on-call does (playbooks/remediate/restart-device-plugin.yml). This replaces the plugin pod of every node
     offering fewer GPUs than it has, and waits until each offers them all again. Returns those nodes."""
-    if on_node(NODES[0], "test -f /etc/kubernetes/admin.conf", timeout=60).returncode != 0:
+    if not has_cluster():
         return []
 
     def short_nodes() -> dict[str, dict[str, Any]]:
-        listed = on_node(NODES[0], f"{ADMIN_KUBECTL} get nodes -o json", timeout=60)
-        assert listed.returncode == 0, listed.stderr
         return {
             item["metadata"]["name"]: item["status"]
-            for item in json.loads(listed.stdout)["items"]
+            for item in cluster_nodes()
             if item["status"].get("allocatable", {}).get(GPU_RESOURCE)
             != item["status"].get("capacity", {}).get(GPU_RESOURCE)
         }
@@ -158,7 +168,7 @@ def give_back_unhealthy_gpus(timeout: float = 120) -> list[str]:
     for node in short:
         done = on_node(
             NODES[0],
-            f"{ADMIN_KUBECTL} delete pods -A --field-selector spec.nodeName={node} -l {_PLUGIN_SELECTOR}",
+            f"{ADMIN_KUBECTL} delete pods -A --field-selector spec.nodeName={node} -l {PLUGIN_SELECTOR}",
             timeout=120,
         )
         assert done.returncode == 0, f"{node}: deleting its device plugin pod: {done.stderr}"
@@ -172,13 +182,11 @@ def give_back_unhealthy_gpus(timeout: float = 120) -> list[str]:
 def cordoned_nodes() -> dict[str, str]:
     """The lab cluster's cordoned nodes, each with the annotation saying who cordoned it (or '');
     {} where the lab has no cluster."""
-    if on_node(NODES[0], "test -f /etc/kubernetes/admin.conf", timeout=60).returncode != 0:
+    if not has_cluster():
         return {}
-    listed = on_node(NODES[0], f"{ADMIN_KUBECTL} get nodes -o json", timeout=60)
-    assert listed.returncode == 0, listed.stderr
     return {
         item["metadata"]["name"]: (item["metadata"].get("annotations") or {}).get(AGENT_CORDON, "")
-        for item in json.loads(listed.stdout)["items"]
+        for item in cluster_nodes()
         if (item.get("spec") or {}).get("unschedulable")
     }
 

@@ -21,13 +21,12 @@ from typing import Any
 
 import pytest
 import yaml
-from labrun import ADMIN_KUBECTL, NODES, ROOT, on_node, take_back_agent_cordons
+from labrun import ADMIN_KUBECTL, NODES, PLUGIN_SELECTOR, ROOT, on_node, take_back_agent_cordons
 
 pytestmark = pytest.mark.lab
 
 CONTROL_PLANE = NODES[0]
 FAULT_NODE = NODES[2]
-PLUGIN_LABEL = "name=nvidia-device-plugin-ds"  # NVIDIA's manifest
 RUNTIME_CLASS = yaml.safe_load((ROOT / "roles/nvidia_device_plugin/defaults/main.yml").read_text())[
     "nvidia_device_plugin_runtime_class"
 ]
@@ -82,7 +81,7 @@ def test_every_gpu_node_offers_its_gpus() -> None:
         count = str(present_gpus(node))
         wait_for(f"{node} offering {count} GPUs", lambda node=node, count=count: gpus(node) == count)
         assert gpus(node, "capacity") == count
-    for pod in kube_json("get", "pods", "-n", "kube-system", "-l", PLUGIN_LABEL)["items"]:
+    for pod in kube_json("get", "pods", "-n", "kube-system", "-l", PLUGIN_SELECTOR)["items"]:
         log = kubectl("logs", "-n", "kube-system", pod["metadata"]["name"])
         assert "Registered device plugin for 'nvidia.com/gpu' with Kubelet" in log, log
 
@@ -138,7 +137,7 @@ def test_a_lost_gpu_stays_unhealthy_until_the_plugin_restarts() -> None:
         assert gpus(FAULT_NODE) == str(count - 1), "NVIDIA's plugin never marks a GPU Healthy again"
     finally:
         on_node(FAULT_NODE, f"printf '%s' {shlex.quote(saved)} | fake-nvml load -")
-        kubectl("delete", "pod", "-n", "kube-system", "-l", PLUGIN_LABEL, "--field-selector",
+        kubectl("delete", "pod", "-n", "kube-system", "-l", PLUGIN_SELECTOR, "--field-selector",
                 f"spec.nodeName={FAULT_NODE}", "--wait=true")  # fmt: skip
         take_back_agent_cordons()
     wait_for(f"{FAULT_NODE} offering {count} GPUs again", lambda: gpus(FAULT_NODE) == str(count))
