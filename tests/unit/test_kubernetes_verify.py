@@ -131,3 +131,26 @@ def test_an_ended_certificate_fails_the_verification(tmp_path: Path, monkeypatch
     monkeypatch.setattr(real_kube, "kubeadm", renew_then_wait)
     held, line = certificates("1s", tmp_path)
     assert not held and "a certificate has ended: playbooks/remediate/renew-certs.yml" in line
+
+
+@pytest.mark.parametrize("pressure", ["DiskPressure", "MemoryPressure", "PIDPressure"])
+def test_a_node_under_pressure_is_a_problem_though_ready(pressure: str) -> None:
+    """Ready stays True under pressure, while the kubelet evicts the node's pods and the scheduler places
+    none there: the converge then fails later on pods that never become ready, unless this names it."""
+    under = node("10.0.0.12")
+    under["status"]["conditions"] += [
+        {"type": kind, "status": str(kind == pressure)}
+        for kind in ("DiskPressure", "MemoryPressure", "PIDPressure")
+    ]
+    (problem,) = problems(under)
+    assert problem.startswith(f"{pressure}: the kubelet evicts the pods of this node"), problem
+    assert "kubectl describe node gpu-node-2" in problem
+    assert ("free the disk of /var/lib/containerd" in problem) == (pressure == "DiskPressure"), problem
+
+
+def test_pressure_conditions_that_are_false_are_fine() -> None:
+    calm = node("10.0.0.12")
+    calm["status"]["conditions"] += [
+        {"type": kind, "status": "False"} for kind in ("DiskPressure", "MemoryPressure", "PIDPressure")
+    ]
+    assert problems(calm) == []
