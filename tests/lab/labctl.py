@@ -330,6 +330,44 @@ def ensure_network_dns(timeout_s: float = 20) -> None:
         )
 
 
+# The kubelet's default hard eviction thresholds on the disk of its images (imagefs.available<15%) and of
+# its pods (nodefs.available<10%), both percentages of the filesystem's size. The lab nodes keep both on the
+# host's disk (podman's storage: the nodes' root filesystems and containerd volumes), which they share with
+# everything else on the machine: below 15% free, every node goes DiskPressure, its kubelet evicts the pods
+# and the scheduler places none (seen in CI: the converge then failed on pods that never became ready).
+KUBELET_IMAGEFS_AVAILABLE = 0.15
+# what a `make test` adds on top (a fresh clone with its two venvs, the nodes' logs and pulled images)
+LAB_DISK_MARGIN = 6 * 2**30
+
+
+def disk_headroom() -> tuple[int, int, str]:
+    """(bytes free to the kubelet, bytes its imagefs threshold plus the margin needs, podman's storage)."""
+    root = podman("info", "--format", "{{.Store.GraphRoot}}").stdout.strip()
+    stat = os.statvfs(root)
+    needed = int(stat.f_blocks * stat.f_frsize * KUBELET_IMAGEFS_AVAILABLE) + LAB_DISK_MARGIN
+    return stat.f_bavail * stat.f_frsize, needed, root
+
+
+def ensure_disk_headroom() -> None:
+    """Refuse to start the lab on a disk the kubelets would evict from: free space above their 15% threshold
+    plus what a test run writes. Old builds of the lab's images (untagged) are removed first."""
+    free, needed, root = disk_headroom()
+    if free >= needed:
+        return
+    for label in ("llm-lab.inputs", images.LABEL):
+        podman("image", "prune", "-f", "--filter", f"label={label}", check=False)
+    free, needed, root = disk_headroom()
+    if free < needed:
+        gib = 2**30
+        raise LabError(
+            f"the disk of {root} has {free / gib:.1f} GiB free: the lab needs {needed / gib:.1f} GiB (the "
+            f"kubelet's imagefs.available threshold, {KUBELET_IMAGEFS_AVAILABLE:.0%} of the disk, plus "
+            f"{LAB_DISK_MARGIN / gib:.0f} GiB for a test run), or every node goes DiskPressure and its pods "
+            "are evicted; free space (old checkouts, `podman image prune`) and run it again"
+        )
+    log(f"disk: {free / 2**30:.1f} GiB free, old lab image builds removed")
+
+
 def mirror_inputs() -> list[Path]:
     files = [p for p in (LAB_SRC / "mirror").rglob("*") if p.is_file() and "__pycache__" not in p.parts]
     # the model tools' pinned wheels are served by the mirror's PEP 503 index; the kube and containerd.io
@@ -713,6 +751,7 @@ def remove_containers() -> None:
 def cmd_up(_: argparse.Namespace) -> None:
     started = time.monotonic()
     labstate.link_checkout()
+    ensure_disk_headroom()
     ensure_ssh_key()
     write_ssh_config()
     ensure_image()
