@@ -85,6 +85,20 @@ LONG_LAB_TESTS: dict[str, str] = {
         "9.5 min (the models stage five times: bad variants, a push killed half-way); in make test: the "
         "models stage of test_site_on_lab.py's site runs, the gates in tests/unit (test_model_*)"
     ),
+    "test_site_on_lab.py::test_a_replaced_worker_is_recreated_converged_and_joined": (
+        "10 min (a worker converged from an empty disk and joined); in make test: test_site_on_lab.py's "
+        "repair (the control plane stopped, the workers' processes killed) and its three site runs"
+    ),
+    "test_validate_on_lab.py": (
+        "2.5 min (playbooks/validate.yml twice on the lab); in make test: test_validate_playbook.py runs "
+        "it on a site with values missing (every one named in one run, secrets never shown), and every site "
+        "run validates each stage before any change"
+    ),
+    "test_remediation_on_lab.py::test_collect_diagnostics_every_item_no_secret": (
+        "2 min (the diagnostics bundle from the lab); in make test: test_collect_diagnostics.py collects "
+        "from a real API server and checks every item and the scrubbing, test_remediation_playbooks.py the "
+        "log"
+    ),
     "test_xid_on_lab.py": (
         "issue 20's Xid flows on the lab (seven faults, the reset and reboot playbooks): not yet run on the "
         "real cluster; in make test: test_gpu_xid.py (the policy table), test_gpu_health_agent*.py (the "
