@@ -100,8 +100,8 @@ LONG_LAB_TESTS: dict[str, str] = {
         "log"
     ),
     "test_xid_on_lab.py": (
-        "issue 20's Xid flows on the lab (seven faults, the reset and reboot playbooks): not yet run on the "
-        "real cluster; in make test: test_gpu_xid.py (the policy table), test_gpu_health_agent*.py (the "
+        "6 min (issue 20's seven faults, the reset and reboot playbooks; passed on the real cluster "
+        "2026-12-02); in make test: test_gpu_xid.py (the policy table), test_gpu_health_agent*.py (the "
         "agent's Xid handling), test_xid_playbooks.py"
     ),
     "test_kubernetes_check_on_lab.py": (

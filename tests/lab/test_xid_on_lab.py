@@ -27,6 +27,7 @@ import json
 import tarfile
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -70,9 +71,21 @@ def annotations(node: str) -> dict[str, str]:
     return json.loads(kubectl(f"get node {node} -o json"))["metadata"].get("annotations") or {}
 
 
+# when the running test began (whole seconds, as events carry their times): the API keeps events for an hour
+# (--event-ttl), so the agent's events of earlier tests or runs on the same node are still listed
+_test_started = [datetime.now(UTC)]
+
+
 def agent_events(node: str) -> list[dict[str, Any]]:
+    """The agent's events about NODE since the running test began."""
     items = json.loads(kubectl(f"get events -A --field-selector involvedObject.name={node} -o json"))["items"]
-    return [e for e in items if (e.get("source") or {}).get("component") == "gpu-health-agent"]
+    since = _test_started[0].replace(microsecond=0)
+
+    def recent(event: dict[str, Any]) -> bool:
+        stamp = event.get("lastTimestamp") or event.get("eventTime") or event.get("firstTimestamp")
+        return stamp is not None and datetime.fromisoformat(stamp) >= since
+
+    return [e for e in items if (e.get("source") or {}).get("component") == "gpu-health-agent" and recent(e)]
 
 
 def metrics(node: str) -> str:
@@ -108,6 +121,7 @@ def lab_state() -> Iterator[None]:
     if not set(NODES) <= set(podman("ps", "--format", "{{.Names}}").stdout.split()):
         pytest.skip("the lab is not running (make lab)")
     take_back_agent_cordons()
+    _test_started[0] = datetime.now(UTC)
     markers = {}
     for node in NODES:
         saved = on_node(node, f"fake-nvml show --json > {SAVED}", timeout=60)
