@@ -90,6 +90,11 @@ AGENT_CORDON = "gpu-health.llm-platform.io/cordon"
 AGENT_HISTORY = "gpu-health.llm-platform.io/history"
 ADMIN_KUBECTL = "kubectl --kubeconfig /etc/kubernetes/admin.conf"
 GPU_RESOURCE = "nvidia.com/gpu"
+# `kubectl get pods` of the pods that are not over: a Deployment's pod whose containers were lost (the node
+# restarted under it: ContainerStatusUnknown, as every lab start after a killed session does) or that the
+# kubelet evicted (DiskPressure) stays listed in phase Failed until someone deletes it (its ReplicaSet
+# starts a new one and leaves it), and one that completed stays Succeeded
+LIVE_PODS = "--field-selector=status.phase!=Failed,status.phase!=Succeeded"
 # the device plugin DaemonSet's pods, by the label NVIDIA's manifest gives them
 PLUGIN_SELECTOR = "name=nvidia-device-plugin-ds"
 _AGENT_METRICS = (

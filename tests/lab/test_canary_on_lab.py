@@ -54,7 +54,7 @@ import jwt
 import openai
 import pytest
 import yaml
-from labrun import ADMIN_KUBECTL, NODES, ROOT, on_node, playbook, running_nodes
+from labrun import ADMIN_KUBECTL, LIVE_PODS, NODES, ROOT, on_node, playbook, running_nodes
 
 pytestmark = pytest.mark.lab
 
@@ -170,7 +170,9 @@ def flat(text: str) -> str:
 
 # --------------------------------------------------------------------------------------------- the gateway
 def gateway_pods() -> list[dict[str, Any]]:
-    return list(kube_json(f"-n {NAMESPACE} get pods -l app.kubernetes.io/name={GATEWAY}")["items"])
+    return list(
+        kube_json(f"-n {NAMESPACE} get pods {LIVE_PODS} -l app.kubernetes.io/name={GATEWAY}")["items"]
+    )
 
 
 def gateway_rollout_bound_s(deployment: dict[str, Any]) -> float:
@@ -432,7 +434,7 @@ def every_vllm_pod_scraped() -> bool:
     """Prometheus scrapes every running vLLM pod, each up, and no VllmInstanceDown is pending or firing"""
     pods = {
         p["metadata"]["name"]
-        for p in kube_json(f"-n {NAMESPACE} get pods -l app.kubernetes.io/name=vllm")["items"]
+        for p in kube_json(f"-n {NAMESPACE} get pods {LIVE_PODS} -l app.kubernetes.io/name=vllm")["items"]
     }
     up = {s["metric"].get("pod"): s["value"][1] for s in prometheus('up{job="vllm"}')}
     return bool(pods) and all(up.get(pod) == "1" for pod in pods) and not instance_down()
@@ -452,7 +454,7 @@ def canary_crashlooping() -> Iterator[dict[str, Any]]:
     """The canary's simulator killed whenever it runs (lab-kube-fault crashloop on its node); yields its pod
     as it was; the fault cleared afterwards, and waited for until the kubelet runs the simulator Ready again
     (its back-off, at most the kubelet's longest, then its startup and readiness probes)."""
-    (pod,) = kube_json(f"-n {NAMESPACE} get pods -l app.kubernetes.io/instance={CANARY}")["items"]
+    (pod,) = kube_json(f"-n {NAMESPACE} get pods {LIVE_PODS} -l app.kubernetes.io/instance={CANARY}")["items"]
     name, node = pod["metadata"]["name"], pod["spec"]["nodeName"]
     assert pod_ready(pod), f"{name} must start Ready"
     longest_backoff = kubelet_restart_period_s(node)

@@ -51,6 +51,7 @@ import yaml
 from labrun import (
     ADMIN_KUBECTL,
     LAB_INVENTORY,
+    LIVE_PODS,
     NODES,
     OPERATOR,
     ROOT,
@@ -524,7 +525,7 @@ def test_the_audit_log_names_the_operator_who_cordoned_a_node(
 # ------------------------------------------------------------------------------------ 6. serving by traffic
 def serving_pods(name: str) -> list[dict[str, Any]]:
     namespace = lab_values()["vllm_serving_namespace"]
-    return list(kube_json(f"-n {namespace} get pods -l app.kubernetes.io/name={name}")["items"])
+    return list(kube_json(f"-n {namespace} get pods {LIVE_PODS} -l app.kubernetes.io/name={name}")["items"])
 
 
 def test_gateway_and_simulator_pods_are_ready_through_their_probes() -> None:
@@ -686,7 +687,7 @@ def test_network_policies_hold_by_traffic(unlabelled_pod: tuple[str, str]) -> No
         assert health.returncode == 0 and health.stdout.strip() == "200", (ip, health.stdout, health.stderr)
     # the gateway's own egress: vLLM and DNS only (Prometheus, for one, is refused)
     monitoring = values["monitoring_namespace"]
-    prometheus = kube_json(f"-n {monitoring} get pods -l app.kubernetes.io/name=prometheus")
+    prometheus = kube_json(f"-n {monitoring} get pods {LIVE_PODS} -l app.kubernetes.io/name=prometheus")
     for item in prometheus["items"]:
         elsewhere = in_pod(namespace, gateway_pod, CONNECT, item["status"]["podIP"], "9090")
         assert elsewhere.stdout.strip() == "refused", (elsewhere.stdout, elsewhere.stderr)
