@@ -1,0 +1,198 @@
+"""plugins/filter/kubernetes_drift.py: compare before apply. A converged cluster gets no write (the real API
+server's defaults, the metadata it adds, a CRD's status all hold as rendered), and every drift an apply would
+put back is found: a field edited, a list entry added, an object deleted."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import real_kube
+from manifests_render import calico_objects
+
+ROOT = Path(__file__).resolve().parents[2]
+_SPEC = importlib.util.spec_from_file_location(
+    "kubernetes_drift", ROOT / "plugins/filter/kubernetes_drift.py"
+)
+assert _SPEC and _SPEC.loader
+drift = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(drift)
+
+DEPLOYMENT: dict[str, Any] = {
+    "apiVersion": "apps/v1",
+    "kind": "Deployment",
+    "metadata": {"name": "web", "namespace": "serving", "labels": {"app": "web"}},
+    "spec": {
+        "replicas": 2,
+        "selector": {"matchLabels": {"app": "web"}},
+        "template": {
+            "metadata": {"labels": {"app": "web"}, "annotations": {}},
+            "spec": {
+                "containers": [
+                    {
+                        "name": "web",
+                        "image": "example/web:1",
+                        "ports": [{"containerPort": 8080}],
+                        "env": [{"name": "MODE", "value": "strict"}],
+                        "resources": {},
+                    }
+                ],
+                "hostNetwork": False,
+            },
+        },
+    },
+}
+
+
+def as_served(obj: dict[str, Any]) -> dict[str, Any]:
+    """OBJ as an API server returns it: metadata and defaults added, empty fields dropped, a status."""
+    live = copy.deepcopy(obj)
+    live["metadata"] |= {"uid": "1", "resourceVersion": "7", "generation": 1}
+    live["metadata"]["annotations"] = {"deployment.kubernetes.io/revision": "1"}
+    pod = live["spec"]["template"]
+    del pod["metadata"]["annotations"]
+    del pod["spec"]["hostNetwork"]
+    container = pod["spec"]["containers"][0]
+    del container["resources"]
+    container["ports"][0]["protocol"] = "TCP"
+    container["terminationMessagePath"] = "/dev/termination-log"
+    live["spec"]["strategy"] = {"type": "RollingUpdate"}
+    live["status"] = {"replicas": 2}
+    return live
+
+
+def test_an_object_as_served_holds_as_rendered() -> None:
+    assert drift.k8s_not_as_rendered([DEPLOYMENT], [as_served(DEPLOYMENT)]) == []
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        pytest.param(lambda o: o["spec"].update(replicas=3), id="a scalar edited"),
+        pytest.param(
+            lambda o: o["spec"]["template"]["spec"]["containers"][0]["env"].append(
+                {"name": "X", "value": "1"}
+            ),
+            id="a list entry added",
+        ),
+        pytest.param(
+            lambda o: o["spec"]["template"]["spec"]["containers"][0].pop("env"), id="a field removed"
+        ),
+        pytest.param(lambda o: o["metadata"]["labels"].update(app="other"), id="a label edited"),
+        pytest.param(lambda o: o.update(kind="StatefulSet"), id="another kind of the same name"),
+        pytest.param(lambda o: o["metadata"].update(namespace="default"), id="another namespace"),
+        pytest.param(
+            lambda o: o["spec"]["template"]["spec"].update(hostNetwork=True), id="a false made true"
+        ),
+    ],
+)
+def test_a_drifted_object_is_to_apply(edit: Any) -> None:
+    live = as_served(DEPLOYMENT)
+    edit(live)
+    assert drift.k8s_not_as_rendered([DEPLOYMENT], [live]) == [DEPLOYMENT]
+
+
+def test_a_missing_object_is_to_apply_and_only_what_differs_is_returned_in_order() -> None:
+    other = copy.deepcopy(DEPLOYMENT)
+    other["metadata"]["name"] = "api"
+    third = copy.deepcopy(DEPLOYMENT)
+    third["metadata"]["name"] = "batch"
+    live = [as_served(DEPLOYMENT), as_served(third)]
+    live[1]["spec"]["replicas"] = 5
+    assert drift.k8s_not_as_rendered([other, DEPLOYMENT, third], live) == [other, third]
+
+
+def test_scalars_compare_as_the_api_server_stores_them() -> None:
+    assert drift.holds({"port": 8080}, {"port": "8080"})  # int-or-string
+    assert drift.holds({"ratio": 1}, {"ratio": 1.0})
+    assert not drift.holds({"enabled": True}, {"enabled": "true"})
+    assert not drift.holds({"enabled": False}, {"enabled": 0})
+    assert not drift.holds({"count": 0}, {"count": False})
+    assert drift.holds({"empty": None, "none": [], "zero": 0}, {})
+    assert not drift.holds({"list": []}, {"list": ["a"]})
+    assert not drift.holds({"map": {"a": 1}}, {"map": ["a"]})
+
+
+def test_an_object_read_as_another_version_of_its_group_is_the_same_object() -> None:
+    served = as_served(DEPLOYMENT) | {"apiVersion": "apps/v1beta2"}
+    assert drift.k8s_not_as_rendered([DEPLOYMENT], [served]) == []
+    policy = {"apiVersion": "policy/v1", "kind": "Deployment", "metadata": DEPLOYMENT["metadata"]}
+    assert drift.k8s_not_as_rendered([policy], [as_served(DEPLOYMENT)]) == [policy]
+
+
+def test_kinds_list_each_api_version_kind_and_namespace_once() -> None:
+    crd = {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "a"},
+    }
+    assert drift.k8s_kinds([DEPLOYMENT, crd, DEPLOYMENT, crd | {"metadata": {"name": "b"}}]) == [
+        {"api_version": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition", "namespace": ""},
+        {"api_version": "apps/v1", "kind": "Deployment", "namespace": "serving"},
+    ]
+
+
+# ------------------------------------------------------------------ Calico's manifest on the real API server
+
+NAMESPACE = "drift-test"
+
+
+@pytest.fixture
+def calico_in_cluster(kube_control_plane: real_kube.ControlPlane) -> Iterator[list[dict[str, Any]]]:
+    """Calico's 38 objects as the calico role renders them, created on the real API server (the namespaced
+    ones in a namespace of this test's), removed after."""
+    objects = calico_objects()
+    for obj in objects:
+        if obj["metadata"].get("namespace"):
+            obj["metadata"]["namespace"] = NAMESPACE
+    listed = json.dumps({"apiVersion": "v1", "kind": "List", "items": objects})
+    kube_control_plane.kubectl("create", "namespace", NAMESPACE)
+    created = kube_control_plane.kubectl("create", "-f", "-", stdin=listed)
+    try:
+        assert created.returncode == 0, created.stderr
+        yield objects
+    finally:
+        kube_control_plane.kubectl("delete", "--ignore-not-found", "--wait=false", "-f", "-", stdin=listed)
+        kube_control_plane.kubectl("delete", "namespace", NAMESPACE, "--wait=false")
+
+
+def live(plane: real_kube.ControlPlane, objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What the role's k8s_info loop reads: every object of each kind of OBJECTS (k8s_kinds)."""
+    found: list[dict[str, Any]] = []
+    for kind in drift.k8s_kinds(objects):
+        group = kind["api_version"].rpartition("/")[0]
+        resource = f"{kind['kind']}.{group}" if group else kind["kind"]
+        scope = ["-n", kind["namespace"]] if kind["namespace"] else []
+        got = plane.kubectl("get", resource, *scope, "-o", "json")
+        assert got.returncode == 0, got.stderr
+        found += json.loads(got.stdout)["items"]
+    return found
+
+
+def test_calico_as_the_real_api_server_holds_it_needs_no_apply_and_each_drift_is_found(
+    kube_control_plane: real_kube.ControlPlane, calico_in_cluster: list[dict[str, Any]]
+) -> None:
+    objects = calico_in_cluster
+    assert len(objects) == 38
+    assert drift.k8s_not_as_rendered(objects, live(kube_control_plane, objects)) == []
+
+    patch = {"spec": {"template": {"spec": {"containers": [{"name": "calico-node", "env": [
+        {"name": "CALICO_IPV4POOL_CIDR", "value": "192.168.0.0/16"}]}]}}}}  # fmt: skip
+    edited = kube_control_plane.kubectl(
+        "-n", NAMESPACE, "patch", "daemonset", "calico-node", "--type=strategic", "-p", json.dumps(patch)
+    )
+    assert edited.returncode == 0, edited.stderr
+    role = next(o for o in objects if o["kind"] == "ClusterRole")
+    deleted = kube_control_plane.kubectl("delete", "clusterrole", role["metadata"]["name"])
+    assert deleted.returncode == 0, deleted.stderr
+
+    to_apply = drift.k8s_not_as_rendered(objects, live(kube_control_plane, objects))
+    assert [(o["kind"], o["metadata"]["name"]) for o in to_apply] == sorted(
+        [("DaemonSet", "calico-node"), ("ClusterRole", role["metadata"]["name"])],
+        key=lambda kind_name: [(o["kind"], o["metadata"]["name"]) for o in objects].index(kind_name),
+    )
