@@ -9,7 +9,8 @@ docker.io images through their own mirrors (issue 17).
 - every rule of an entry (the role's filter, validate.yml's one home) refused naming the entry and field;
 - the task file run by ansible-playbook on a scratch directory: files written, a second run changed=0, check
   mode and --diff honest, an entry taken out of the list removes its directory and only directories the role
-  marked as its own.
+  marked as its own; the files read by one find, so a converged node gets no call per registry, and drift (a
+  line appended, a mode changed, a marker removed) found by --check --diff and put back, only it (issue 19).
 """
 
 from __future__ import annotations
@@ -296,3 +297,62 @@ def test_the_hosts_files_converge_idempotent_honest_in_check_mode(tmp_path: Path
         ]
     )
     assert sorted(p.name for p in certs.iterdir()) == ["registry.k8s.io", "site.example"]
+
+
+def items(run: Any, status: str = "changed") -> set[tuple[str, str]]:
+    """(task, item) of every loop item of a default-callback run reported with this status (ok, changed)."""
+    found, task = set(), ""
+    for line in run.stdout.splitlines():
+        if line.startswith("TASK ["):
+            task = line.removeprefix("TASK [").split("]")[0].split(" : ", 1)[-1]
+        elif line.startswith(f"{status}: [localhost] => (item="):
+            found.add((task, line.split("(item=", 1)[1].rsplit(")", 1)[0]))
+    return found
+
+
+def test_drift_in_the_hosts_files_is_found_and_only_it_is_put_back(tmp_path: Path, ca_pem: str) -> None:
+    """The tasks skip what the node already has (one find reads it all): what differs must still be found."""
+    certs = tmp_path / "certs.d"
+    tasks = [
+        {"ansible.builtin.include_role": {"name": "containerd", "tasks_from": "configure-registry-mirrors"}}
+    ]
+    mirrors = [
+        {"registry": registry, "endpoints": ["https://mirror.example:5000"], "ca": ca_pem}
+        for registry in ("registry.k8s.io", "quay.io", "nvcr.io")
+    ]
+    variables = {"__containerd_registry_config_dir": str(certs), "containerd_registry_mirrors": mirrors}
+    run = playbook(tmp_path, tasks, variables)
+    assert run.returncode == 0, run.stdout[-3000:]
+    converged = {p: (p.read_bytes() if p.is_file() else b"", p.stat().st_mode) for p in certs.rglob("*")}
+
+    (certs / "quay.io" / "hosts.toml").write_text(
+        (certs / "quay.io" / "hosts.toml").read_text() + "junk = 1\n"
+    )
+    (certs / "registry.k8s.io" / "ca.crt").chmod(0o600)
+    (certs / "nvcr.io" / MARKER).unlink()
+    (certs / "nvcr.io").chmod(0o700)
+    expected = {
+        ("Write each registry's hosts.toml", "quay.io"),
+        ("Write the CA of each registry's mirrors", "registry.k8s.io"),
+        ("Mark the registry directories as the role's", "nvcr.io"),
+        ("Create a directory per mirrored registry", "nvcr.io"),
+    }
+
+    preview = playbook(tmp_path, tasks, variables, "--check", "--diff")
+    assert preview.returncode == 0, preview.stdout[-3000:]
+    assert items(preview) == expected, preview.stdout[-3000:]
+    assert "-junk = 1" in preview.stdout, "the diff does not show the line to be removed"
+    assert not (certs / "nvcr.io" / MARKER).exists(), "check mode wrote a file"
+
+    run = playbook(tmp_path, tasks, variables)
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert items(run) == expected, run.stdout[-3000:]
+    assert {
+        p: (p.read_bytes() if p.is_file() else b"", p.stat().st_mode) for p in certs.rglob("*")
+    } == converged
+
+    again = playbook(tmp_path, tasks, variables)
+    assert changed(again) == 0, again.stdout[-3000:]
+    # a converged node: no file, copy or template call per registry, only the directory and the find
+    registries = {registry for _, registry in expected}
+    assert not {item for item in items(again, "ok") if item[1] in registries}, again.stdout[-3000:]
