@@ -1,10 +1,11 @@
 """A role's own variables and templates, rendered by Ansible's templar as the role would render them.
 
-    from role_render import RoleVars
+    from role_render import RoleVars, items_run
 
     role = RoleVars("nvidia_driver", nvidia_driver_source="ubuntu")
     role["__nvidia_driver_package_specs"]          # a variable of defaults/ or vars/, templated
     role.render_template("nvidia-driver.pref.j2")  # templates/<name>, as ansible.builtin.template writes it
+    items_run("kubernetes_node", task, items, __kubernetes_node_held={"stdout_lines": []})  # `when` true
 
 defaults/main.yml, then vars/main.yml, then the overrides (facts, inventory values, what an earlier task set),
 like Ansible's precedence for a role's own files. Nothing is copied from the role: a changed default, variable
@@ -18,7 +19,9 @@ from typing import Any
 
 import yaml
 from ansible.parsing.dataloader import DataLoader
+from ansible.plugins.loader import init_plugin_loader
 from ansible.template import Templar, trust_as_template
+from ansible.utils.collection_loader import AnsibleCollectionConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,3 +58,25 @@ class RoleVars:
         """templates/<name> with the template module's defaults (trim_blocks on)."""
         text = (self.role_dir / "templates" / name).read_text()
         return str(self.templar.template(trust_as_template(text), overrides={"trim_blocks": True}))
+
+    def when(self, condition: str | bool | list[str | bool]) -> bool:
+        """A task's `when`, evaluated as Ansible evaluates it: a list, all must hold; a Jinja '\\n' is a
+        newline there, where a variable's template keeps it as backslash-n."""
+        if AnsibleCollectionConfig.collection_finder is None:  # lookups by their FQCN (ansible.builtin.file)
+            init_plugin_loader()
+        conditions = condition if isinstance(condition, list) else [condition]
+        return all(
+            c if isinstance(c, bool) else self.templar.evaluate_conditional(trust_as_template(c))
+            for c in conditions
+        )
+
+
+def items_run(role: str, task: dict[str, Any], items: list[Any], **variables: Any) -> list[Any]:
+    """The loop items a task of the role calls its module for (its `when` true), with the task's own vars and
+    these variables (what earlier tasks registered, facts; they replace a task var of the same name): which
+    items a node in that state sends."""
+    return [
+        item
+        for item in items
+        if RoleVars(role, **(task.get("vars", {}) | variables), item=item).when(task.get("when", True))
+    ]

@@ -1,0 +1,169 @@
+"""Role kubernetes_node's kernel modules and parameters (tasks/configure-kernel.yml): read once, then
+community.general.modprobe and ansible.posix.sysctl called only for what differs (issue 19).
+
+The tasks' own `when` conditions, templated by Ansible's templar with the results the reads return on a
+node: a converged node calls neither module; each kind of drift calls the module for exactly the item it
+touches (or, where the read cannot tell which, for every item: the module then decides).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+from typing import Any
+
+import pytest
+import yaml
+from role_render import ROOT, RoleVars, items_run
+
+TASKS = {
+    t["name"]: t
+    for t in yaml.safe_load((ROOT / "roles/kubernetes_node/tasks/configure-kernel.yml").read_text())
+}
+LOAD = "Load the kernel modules now and at boot"
+SET = "Set the kernel parameters now and at boot"  # tests/lab/drift.py names it too
+DEFAULTS = RoleVars("kubernetes_node")
+MODULES: list[str] = DEFAULTS["kubernetes_node_kernel_modules"]
+SYSCTLS: dict[str, str] = DEFAULTS["kubernetes_node_sysctls"]
+SYSCTL_FILE = DEFAULTS["__kubernetes_node_sysctl_file"]
+
+
+def sha1(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()
+
+
+def found(files: dict[str, str]) -> dict[str, Any]:
+    """An ansible.builtin.find result listing these regular files (path: content)."""
+    return {
+        "files": [{"path": p, "checksum": sha1(c), "isreg": True, "mode": "0644"} for p, c in files.items()]
+    }
+
+
+def proc_modules(names: list[str]) -> dict[str, Any]:
+    table = "".join(f"{name} 16384 0 - Live 0x0000000000000000\n" for name in names)
+    return {"content": base64.b64encode(table.encode()).decode(), "encoding": "base64"}
+
+
+def runs_for(task_name: str, items: list[Any], **registered: Any) -> list[Any]:
+    """The loop items the task calls its module for, the reads having returned these."""
+    return items_run("kubernetes_node", TASKS[task_name], items, **registered, ansible_check_mode=False)
+
+
+CONVERGED_MODULE_FILES = {f"/etc/modules-load.d/{m}.conf": f"{m}\n" for m in MODULES}
+
+
+def modules_called(loaded: list[str] = MODULES, files: dict[str, str] = CONVERGED_MODULE_FILES) -> list[str]:
+    return runs_for(
+        LOAD,
+        MODULES,
+        __kubernetes_node_proc_modules=proc_modules(loaded),
+        __kubernetes_node_module_files=found(files),
+    )
+
+
+def test_a_converged_node_calls_modprobe_for_no_module() -> None:
+    assert modules_called() == []
+
+
+def test_a_module_not_loaded_is_loaded() -> None:
+    assert modules_called(loaded=[m for m in MODULES if m != "ip_vs_sh"]) == ["ip_vs_sh"]
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["", "# ip_vs_wrr\n", "ip_vs_wrr\nip_vs\n"],
+    ids=["emptied (find's contains drops it)", "commented out", "other content"],
+)
+def test_a_module_missing_from_its_boot_file_is_written_back(content: str) -> None:
+    files = CONVERGED_MODULE_FILES | {"/etc/modules-load.d/ip_vs_wrr.conf": content}
+    if not content:
+        del files["/etc/modules-load.d/ip_vs_wrr.conf"]
+    assert modules_called(files=files) == ["ip_vs_wrr"]
+
+
+def test_options_given_in_modprobe_d_send_every_module_to_modprobe() -> None:
+    # the read names the file, not the module: modprobe (params '') decides which options it comments out
+    files = CONVERGED_MODULE_FILES | {"/etc/modprobe.d/site.conf": "options nf_conntrack hashsize=1\n"}
+    assert modules_called(files=files) == MODULES
+
+
+def modprobe_reads(line: str) -> bool:
+    """Whether community.general.modprobe (plugins/modules/modprobe.py, its two regexes) sees one of the
+    modules loaded at boot, or given options, on this line."""
+    return any(
+        re.match(rf"^ *{m} *(?:[#;].*)?\n?\Z", line)
+        or re.match(rf"^options {m} \w+=\S+ *(?:[#;].*)?\n?\Z", line)
+        for m in MODULES
+    )
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["overlay\n", "  br_netfilter  # for pods\n", "ip_vs_rr;x\n", "options nf_conntrack hashsize=1\n",
+     "options ip_vs conn_tab_bits=12 # site\n", "ip_vs_rrr\n", "# overlay\n", "options nvidia NVreg_X=1\n",
+     "blacklist ip_vs\n", "install ip_vs /bin/true\n", "overlay2\n", "\n"],
+)  # fmt: skip
+def test_the_find_picks_the_files_modprobe_would_read_as_naming_a_module(line: str) -> None:
+    task = TASKS["Read the files that load the kernel modules at boot or give them options"]
+    contains = RoleVars("kubernetes_node", **task["vars"]).template(task["ansible.builtin.find"]["contains"])
+    # ansible.builtin.find matches `contains` with re.match on each line
+    assert bool(re.match(contains, line)) == modprobe_reads(line)
+
+
+CONVERGED_SYSCTL_FILES = {f"/proc/sys/{k.replace('.', '/')}": f"{v}\n" for k, v in SYSCTLS.items()} | {
+    SYSCTL_FILE: "".join(f"{k}={v}\n" for k, v in SYSCTLS.items())
+}
+
+
+def sysctls_called(
+    files: dict[str, str] = CONVERGED_SYSCTL_FILES, read: dict[str, Any] | None = None
+) -> list[str]:
+    items = [{"key": k, "value": v} for k, v in SYSCTLS.items()]
+    called = runs_for(SET, items, __kubernetes_node_sysctl_files=found(files) if read is None else read)
+    return [item["key"] for item in called]
+
+
+def test_a_converged_node_calls_sysctl_for_no_parameter() -> None:
+    assert sysctls_called() == []
+
+
+def test_a_parameter_changed_now_is_set_again() -> None:
+    # tests/lab/drift.py's drift: sysctl -w net.bridge.bridge-nf-call-ip6tables=0
+    files = CONVERGED_SYSCTL_FILES | {"/proc/sys/net/bridge/bridge-nf-call-ip6tables": "0\n"}
+    assert sysctls_called(files) == ["net.bridge.bridge-nf-call-ip6tables"]
+
+
+def test_a_parameter_not_there_is_set() -> None:
+    files = dict(CONVERGED_SYSCTL_FILES)
+    del files["/proc/sys/net/ipv4/ip_forward"]
+    assert sysctls_called(files) == ["net.ipv4.ip_forward"]
+
+
+@pytest.mark.parametrize(
+    "content",
+    [None, "net.ipv4.ip_forward=1\n",
+     "net.bridge.bridge-nf-call-iptables=0\nnet.bridge.bridge-nf-call-ip6tables=1\nnet.ipv4.ip_forward=1\n"],
+    ids=["missing", "a line removed", "a value changed"],
+)  # fmt: skip
+def test_a_boot_file_that_differs_sends_every_parameter_to_sysctl(content: str | None) -> None:
+    files = dict(CONVERGED_SYSCTL_FILES)
+    if content is None:
+        del files[SYSCTL_FILE]
+    else:
+        files[SYSCTL_FILE] = content
+    assert sysctls_called(files) == list(SYSCTLS)
+
+
+def test_without_the_read_every_parameter_goes_to_sysctl() -> None:
+    # --check on a node whose modules are not loaded yet: the read is skipped
+    assert sysctls_called(read={"skipped": True, "changed": False}) == list(SYSCTLS)
+
+
+def test_the_read_looks_where_the_parameters_and_their_file_are() -> None:
+    task = TASKS["Read the kernel parameters and the file that sets them at boot"]
+    args = RoleVars("kubernetes_node", **task["vars"]).template(task["ansible.builtin.find"])
+    for path in CONVERGED_SYSCTL_FILES:
+        dirname, _, basename = path.rpartition("/")
+        assert dirname in args["paths"] and basename in args["patterns"]
+    assert args["get_checksum"] is True
