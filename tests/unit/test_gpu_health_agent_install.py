@@ -1,0 +1,109 @@
+"""Role gpu_health_agent installs its code (tasks/install-agent.yml) from one read of the node: a find of
+/opt/gpu-health-agent with checksums, modes and owners, then a file or copy call only for each directory
+and file that differs (issue 19). The tasks' own `when`, evaluated as Ansible evaluates it, against what the
+find returns for a node in each state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import pytest
+import yaml
+from role_render import ROOT, RoleVars, items_run
+
+TASKS = {
+    t["name"]: t
+    for t in yaml.safe_load((ROOT / "roles/gpu_health_agent/tasks/install-agent.yml").read_text())
+}
+FIND = "Read the agent's code directories and files with their checksums, modes and owners"
+DIRS = "Create the code directories"
+CODE = "Install the agent and the project's module_utils it imports"
+ROLE = RoleVars("gpu_health_agent")
+HOME, LIB, CODE_DIR = (
+    ROLE[v] for v in ("__gpu_health_agent_home", "__gpu_health_agent_lib", "__gpu_health_agent_code")
+)
+FILES: list[str] = ROLE["__gpu_health_agent_module_utils"]
+
+
+def entry(path: str, *, mode: str, content: str | None = None, owner: str = "root") -> dict[str, Any]:
+    """One entry of ansible.builtin.find's files (file_type any, get_checksum)."""
+    found = {"path": path, "mode": mode, "isdir": content is None, "isreg": content is not None,
+             "pw_name": owner, "gr_name": "root"}  # fmt: skip
+    if content is not None:
+        found["checksum"] = hashlib.sha1(content.encode()).hexdigest()
+    return found
+
+
+def converged() -> dict[str, dict[str, Any]]:
+    dirs = {p: entry(p, mode="0755") for p in (LIB, f"{LIB}/ansible", CODE_DIR)}
+    files = {
+        f"{CODE_DIR}/{name}": entry(
+            f"{CODE_DIR}/{name}", mode="0644", content=(ROOT / "module_utils" / name).read_text()
+        )
+        for name in FILES
+    }
+    return dirs | files
+
+
+def calls(task: str, node: dict[str, dict[str, Any]] | None) -> list[str]:
+    """The items the task calls its module for; node None: the find was skipped (--check, no home yet)."""
+    found = {"skipped": True} if node is None else {"files": list(node.values())}
+    items = TASKS[task]["loop"] if task == DIRS else FILES
+    items = [ROLE.template(item) for item in items]
+    return items_run("gpu_health_agent", TASKS[task], items, __gpu_health_agent_installed=found,
+                     __gpu_health_agent_module_utils_dir=str(ROOT / "module_utils"))  # fmt: skip
+
+
+def test_the_find_reads_checksums_modes_and_owners_of_everything_under_home() -> None:
+    find = TASKS[FIND]["ansible.builtin.find"]
+    assert ROLE.template(find["paths"]) == HOME
+    assert find["file_type"] == "any" and find["recurse"] is True and find["get_checksum"] is True
+    # the files come from the project's module_utils, as the copy's src says
+    copy = TASKS[CODE]
+    assert copy["vars"]["__gpu_health_agent_module_utils_dir"].startswith(
+        "{{ lookup('ansible.builtin.config', 'DEFAULT_MODULE_UTILS_PATH')"
+    )
+    assert copy["ansible.builtin.copy"]["src"] == "{{ __gpu_health_agent_module_utils_dir }}/{{ item }}"
+
+
+def test_a_converged_node_sends_no_file_or_copy_call() -> None:
+    assert calls(DIRS, converged()) == []
+    assert calls(CODE, converged()) == []
+
+
+def test_without_the_find_everything_goes_to_the_modules() -> None:
+    assert calls(DIRS, None) == [LIB, f"{LIB}/ansible", CODE_DIR]
+    assert calls(CODE, None) == FILES
+
+
+@pytest.mark.parametrize(
+    "drift",
+    ["appended", "mode", "owner", "missing", "a directory"],
+)
+def test_a_file_that_differs_is_installed_again_and_only_it(drift: str) -> None:
+    node = converged()
+    path = f"{CODE_DIR}/gpu_xid.py"
+    if drift == "appended":
+        node[path] = entry(
+            path, mode="0644", content=(ROOT / "module_utils/gpu_xid.py").read_text() + "# junk\n"
+        )
+    elif drift == "mode":
+        node[path]["mode"] = "0600"
+    elif drift == "owner":
+        node[path]["pw_name"] = "nobody"
+    elif drift == "missing":
+        del node[path]
+    else:
+        node[path] = entry(path, mode="0644")
+    assert calls(CODE, node) == ["gpu_xid.py"]
+    assert calls(DIRS, node) == []
+
+
+def test_a_directory_that_differs_is_made_again_and_only_it() -> None:
+    node = converged()
+    node[f"{LIB}/ansible"]["mode"] = "0700"
+    assert calls(DIRS, node) == [f"{LIB}/ansible"]
+    del node[CODE_DIR]
+    assert calls(DIRS, node) == [f"{LIB}/ansible", CODE_DIR]
