@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 _SPEC = importlib.util.spec_from_file_location("argument_types", ROOT / "plugins/filter/argument_types.py")
@@ -133,3 +134,18 @@ def test_values_of_their_types_pass(tmp_path: Path) -> None:
     done = run_validate("kubernetes_api_client", {}, tmp_path)
     assert done.returncode == 0, done.stdout[-3000:]
     assert "Check the variable types of role kubernetes_api_client" in done.stdout
+
+
+def test_roles_include_it_without_the_check_of_its_own_argument_spec_which_has_no_options() -> None:
+    """Ansible's check of check_argument_types' own argument specs (before its task, at every include) would
+    check nothing: it takes no parameters. Every include skips it (rolespec_validate: false)."""
+    specs = yaml.safe_load((ROOT / "roles/check_argument_types/meta/argument_specs.yml").read_text())
+    assert specs["argument_specs"]["main"]["options"] == {}
+    includes = []
+    for path in sorted(ROOT.glob("roles/*/tasks/*.yml")):
+        for task in yaml.safe_load(path.read_text()) or []:
+            include = task.get("ansible.builtin.include_role") or {}
+            if include.get("name") == "check_argument_types":
+                includes.append((path.parent.parent.name, include.get("rolespec_validate")))
+    assert len(includes) >= 20, includes
+    assert [(role, skip) for role, skip in includes if skip is not False] == []
