@@ -62,8 +62,14 @@ def test_the_refusal_names_both_ways_out_and_runs_before_any_change() -> None:
         assert way_out in message
     names = [t.get("name", "") for t in tasks]
     assert names.index("Read the Secure Boot state") < names.index(check["name"])
+    # the role's first task, skipped only where the GPU stage's validation play ran it before any change
     main = yaml.safe_load((ROOT / "roles/nvidia_driver/tasks/main.yml").read_text())
-    assert main[0]["ansible.builtin.import_tasks"] == "validate.yml"
+    assert main[0]["ansible.builtin.include_tasks"] == "validate.yml"
+    assert main[0]["when"] == "'nvidia_driver' not in llm_platform_validated_roles | default([])"
+    stage = yaml.safe_load((ROOT / "playbooks/gpu.yml").read_text())[0]["tasks"]
+    assert {"name": "nvidia_driver", "tasks_from": "validate"} in [
+        t.get("ansible.builtin.include_role") for t in stage
+    ]
 
 
 def test_the_state_is_read_from_mokutil_then_the_uefi_variable() -> None:

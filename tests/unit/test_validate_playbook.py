@@ -155,7 +155,10 @@ def stage_roles(path: str) -> tuple[str, list[str]]:
     for task in play.get("pre_tasks", []) + play.get("tasks", []):
         include = task.get("ansible.builtin.include_role")
         if include and include.get("tasks_from") == "validate":
-            roles += task["loop"] if "loop" in task else [include["name"]]
+            loop = task.get("loop", [include["name"]])
+            if isinstance(loop, str):  # "{{ <stage>_stage_roles }}", a list of the play's vars
+                loop = play["vars"][loop.strip("{} ")]
+            roles += loop
     return play["hosts"], roles
 
 
