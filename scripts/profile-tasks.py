@@ -340,6 +340,7 @@ def _is_validation(task: Task) -> bool:
         or task.path.endswith("/validate.yml")
         or "Check the types of the" in task.name
         or task.name.startswith("Validate ")
+        or task.name.startswith("Record the roles validated")
     )
 
 

@@ -41,13 +41,18 @@ included: check_argument_types for gpu-node-1, gpu-node-2
 
 TASK [check_argument_types : Check the variable types of role common] **********
 Tuesday 01 December 2026  18:35:14 +0000 (0:00:00.109)       0:00:03.606 ******
-ok: [gpu-node-1] => (item=common_hostname_manage)
-ok: [gpu-node-2] => (item=common_hostname_manage)
-ok: [gpu-node-1] => (item=common_base_packages)
-ok: [gpu-node-2] => (item=common_base_packages)
+ok: [gpu-node-1]
+ok: [gpu-node-2]
+
+TASK [common : Read who Ansible logs in as, before sudo] ***********************
+Tuesday 01 December 2026  18:35:14 +0000 (0:00:00.207)       0:00:03.813 ******
+ok: [gpu-node-1] => (item=-un)
+ok: [gpu-node-2] => (item=-un)
+ok: [gpu-node-1] => (item=-Gn)
+ok: [gpu-node-2] => (item=-Gn)
 
 TASK [common : Install the base packages] **************************************
-Tuesday 01 December 2026  18:35:15 +0000 (0:00:01.207)       0:00:04.813 ******
+Tuesday 01 December 2026  18:35:15 +0000 (0:00:01.000)       0:00:04.813 ******
 ok: [gpu-node-1]
 ok: [gpu-node-2]
 
@@ -75,20 +80,24 @@ def test_each_task_gets_the_duration_printed_under_the_next_header(profile):
         "Gathering Facts",
         "common : Validating arguments against arg spec 'main' - Baseline for the cluster's servers",
     ]
-    assert [t.seconds for t in tasks] == [3.289, 0.092, 0.109, 1.207, 2.85, 29.43, 1.0]
+    assert [t.seconds for t in tasks] == [3.289, 0.092, 0.109, 0.207, 1.0, 2.85, 29.43, 1.0]
     # the first clock line's figure is the start-up before the first task: nobody's
     assert sum(t.seconds for t in tasks) == pytest.approx(37.977)
 
 
 def test_roles_plays_hosts_and_items(profile):
     tasks = {t.title: t for t in profile.parse(LOG.splitlines())}
+    # one assert for every variable of the role: no items
     types = tasks["check_argument_types : Check the variable types of role common"]
     assert (types.role, types.play, types.items) == (
         "check_argument_types",
         "Baseline for every server of the cluster",
-        4,
+        0,
     )
     assert types.hosts == {"gpu-node-1", "gpu-node-2"}
+    # a loop's results count as items, each host's
+    login = tasks["common : Read who Ansible logs in as, before sudo"]
+    assert (login.role, login.items, login.hosts) == ("common", 4, {"gpu-node-1", "gpu-node-2"})
     # an include names its hosts on one line; a delegated result counts for the host it ran for
     assert tasks["Check the types of the common variables"].hosts == {"gpu-node-1", "gpu-node-2"}
     assert tasks["calico : Wait until calico-node runs Ready on every node"].hosts == {"gpu-node-2"}
@@ -117,6 +126,7 @@ def test_the_kind_comes_from_the_repository_task_files(profile):
     # a name with Jinja in the task file ("... of role {{ ansible_parent_role_names[0] }}")
     assert kinds["check_argument_types : Check the variable types of role common"] == ("controller", "assert")
     assert kinds["common : Install the base packages"] == ("package", "apt")
+    assert kinds["common : Read who Ansible logs in as, before sudo"] == ("command", "command")
     # until/retries makes a task a wait, whatever its module
     assert kinds["calico : Wait until calico-node runs Ready on every node"] == ("wait", "k8s_info")
 
@@ -154,3 +164,21 @@ def test_a_log_without_profile_tasks_is_refused(profile, tmp_path, capsys):
     log.write_text("PLAY RECAP ****\n")
     assert profile.main([str(log)]) == 1
     assert "no profile_tasks task headers" in capsys.readouterr().err
+
+
+def test_validation_counts_the_checks_and_the_record_of_what_a_stage_validated(profile):
+    tasks = {t.title: t for t in profile.parse(LOG.splitlines())}
+    validation = {title for title, t in tasks.items() if profile._is_validation(t)}
+    assert validation == {
+        "common : Validating arguments against arg spec 'main' - Baseline for the cluster's servers",
+        "Check the types of the common variables",
+        "check_argument_types : Check the variable types of role common",
+        "common : Read who Ansible logs in as, before sudo",
+    }
+    record = "Record the roles validated here, which the stage's plays do not validate again"
+    log = LOG.replace("Read who Ansible logs in as, before sudo", record).replace(
+        "TASK [common : " + record, f"TASK [{record}"
+    )
+    tasks = {t.title: t for t in profile.parse(log.splitlines())}
+    assert (tasks[record].kind, tasks[record].module) == ("controller", "set_fact")
+    assert profile._is_validation(tasks[record])
