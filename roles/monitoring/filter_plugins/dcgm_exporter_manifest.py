@@ -5,7 +5,7 @@ Kept in Python so that the unit tests apply exactly the role's changes before va
 
 from __future__ import annotations
 
-import copy
+import json
 from typing import Any
 
 COUNTERS_DIR = "/etc/dcgm-exporter/llm-serving"
@@ -35,7 +35,8 @@ def dcgm_exporter_manifest(
     kept for the reader), its pods only on nodes matching NODE_SELECTOR in RUNTIME_CLASS, reading the counters
     file of ConfigMap COUNTERS_CONFIGMAP (COUNTERS_CHECKSUM rolls the pods when it changes), annotated for
     Prometheus's annotation-based scraping."""
-    objects = [copy.deepcopy(doc) for doc in docs if doc]
+    # plain JSON data, not copy.deepcopy of Ansible's tagged values (slow: roles/calico/filter_plugins)
+    objects = [json.loads(json.dumps(doc)) for doc in docs if doc]
     daemonsets = [doc for doc in objects if doc.get("kind") == "DaemonSet"]
     if len(daemonsets) != 1:
         raise ManifestError(f"the dcgm-exporter manifest must hold one DaemonSet; it holds {len(daemonsets)}")

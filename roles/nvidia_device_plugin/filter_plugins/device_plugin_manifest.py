@@ -5,7 +5,7 @@ Kept in Python so that the unit tests apply exactly the role's changes before va
 
 from __future__ import annotations
 
-import copy
+import json
 from typing import Any
 
 
@@ -17,7 +17,8 @@ def nvidia_device_plugin_manifest(
     docs: list[Any], runtime_class: str, node_selector: dict[str, str]
 ) -> list[dict[str, Any]]:
     """The manifest's objects; the DaemonSet's pods in RUNTIME_CLASS, only on nodes matching NODE_SELECTOR."""
-    objects = [copy.deepcopy(doc) for doc in docs if doc]
+    # plain JSON data, not copy.deepcopy of Ansible's tagged values (slow: roles/calico/filter_plugins)
+    objects = [json.loads(json.dumps(doc)) for doc in docs if doc]
     daemonsets = [doc for doc in objects if doc.get("kind") == "DaemonSet"]
     if len(daemonsets) != 1:
         raise ManifestError(f"the device plugin manifest must hold one DaemonSet; it holds {len(daemonsets)}")
