@@ -12,7 +12,10 @@ recorded, at the cost of one skipped task. Held here:
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -177,3 +180,59 @@ def test_no_play_or_task_enters_a_recorded_role_with_values_of_its_own() -> None
             if include.get("name") in recorded_roles and entering_main and task.get("vars"):
                 offenders.append((str(path.relative_to(ROOT)), include["name"], sorted(task["vars"])))
     assert offenders == []
+
+
+def test_gpu_tuning_validates_again_where_nvml_did_not_answer_the_validation_play(tmp_path: Path) -> None:
+    """gpu.yml validates gpu_tuning before the driver may exist (NVML optional there): where NVML did not
+    answer, the role's checks against the GPUs must run again once nvidia_driver has installed it."""
+    (task,) = [t for t in load("roles/gpu_tuning/tasks/main.yml") if t.get("ansible.builtin.include_tasks")]
+    answered = {"changed": False, "ansible_facts": {"nvidia": {"gpu_count": 4, "gpus": []}}}
+    no_driver = {"changed": False, "failed": False, "msg": "NVML Shared Library Not Found"}
+    cases = [  # (the record, what the validation play's GPU read registered, validate.yml runs)
+        ([], answered, True),
+        (["gpu_tuning"], answered, False),
+        (["gpu_tuning"], no_driver, True),
+        (["gpu_tuning"], None, True),
+        (["nvidia_driver"], answered, True),
+    ]
+    checks = []
+    for record, read, runs in cases:
+        given: dict[str, Any] = {RECORD: record}
+        if read is not None:
+            given["__gpu_tuning_facts"] = read
+        checks.append(
+            {
+                "ansible.builtin.assert": {"that": f"({task['when']}) == {runs}"},
+                "vars": given,
+            }
+        )
+    playbook = tmp_path / "when.yml"
+    playbook.write_text(
+        yaml.safe_dump(
+            [
+                {
+                    "hosts": "localhost",
+                    "gather_facts": False,
+                    "vars_files": [str(ROOT / "roles/gpu_tuning/vars/main.yml")],
+                    "tasks": checks,
+                }
+            ]
+        )
+    )
+    done = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "ansible-playbook"),
+            "-i",
+            "localhost,",
+            "-c",
+            "local",
+            str(playbook),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"},
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "ok=5" in done.stdout
