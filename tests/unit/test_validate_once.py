@@ -236,3 +236,30 @@ def test_gpu_tuning_validates_again_where_nvml_did_not_answer_the_validation_pla
     )
     assert done.returncode == 0, done.stdout[-3000:]
     assert "ok=5" in done.stdout
+
+
+def test_where_validate_yml_is_skipped_main_yml_loads_the_values_it_would_have_loaded() -> None:
+    """A validate.yml that loads another role's values (include_role public) runs in the validation play, and
+    what it loads stays in that play: the role's tasks/main.yml loads it where it skips validate.yml."""
+    checked = 0
+    for role in sorted(all_recorded()):
+        loads = [
+            (
+                t["ansible.builtin.include_role"]["name"],
+                t["ansible.builtin.include_role"].get("tasks_from", "main"),
+            )
+            for t in tasks(load(f"roles/{role}/tasks/validate.yml"))
+            if (t.get("ansible.builtin.include_role") or {}).get("public")
+        ]
+        main = list(tasks(load(f"roles/{role}/tasks/main.yml")))
+        for name, tasks_from in loads:
+            checked += 1
+            assert [
+                t
+                for t in main
+                if (t.get("ansible.builtin.include_role") or {}).get("name") == name
+                and t["ansible.builtin.include_role"].get("tasks_from", "main") == tasks_from
+                and t["ansible.builtin.include_role"].get("public")
+                and t.get("when") == f"'{role}' in {RECORD} | default([])"
+            ], f"roles/{role}/tasks/main.yml: load {name} ({tasks_from}) where validate.yml is skipped"
+    assert checked >= 2  # gpu_health_agent's and vllm_serving's nvidia_device_plugin
