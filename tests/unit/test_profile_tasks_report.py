@@ -21,6 +21,9 @@ def profile():
     return module
 
 
+# a task of roles/calico/tasks/apply-manifest.yml: the kind comes from the task file that names it
+CALICO_APPLY = "calico : Apply the objects of calico.yaml the cluster does not hold as rendered"
+
 # profile_tasks' own layout: the clock line under each header carries the previous task's duration.
 LOG = """
 PLAY [Baseline for every server of the cluster] ********************************
@@ -58,7 +61,7 @@ ok: [gpu-node-2]
 
 PLAY [Kubernetes pod network - Calico] *****************************************
 
-TASK [calico : Apply calico.yaml with CALICO_IPV4POOL_CIDR set] ****************
+TASK [calico : Apply the objects of calico.yaml the cluster does not hold as rendered] ***
 Tuesday 01 December 2026  18:35:18 +0000 (0:00:02.850)       0:00:07.663 ******
 ok: [gpu-node-1]
 
@@ -101,9 +104,7 @@ def test_roles_plays_hosts_and_items(profile):
     # an include names its hosts on one line; a delegated result counts for the host it ran for
     assert tasks["Check the types of the common variables"].hosts == {"gpu-node-1", "gpu-node-2"}
     assert tasks["calico : Wait until calico-node runs Ready on every node"].hosts == {"gpu-node-2"}
-    assert tasks["calico : Apply calico.yaml with CALICO_IPV4POOL_CIDR set"].play == (
-        "Kubernetes pod network - Calico"
-    )
+    assert tasks[CALICO_APPLY].play == "Kubernetes pod network - Calico"
 
 
 def test_an_include_in_a_loop_names_its_hosts_without_the_item(profile):
@@ -156,7 +157,7 @@ def test_the_command_line_prints_the_tables(profile, tmp_path, capsys):
     assert profile.main([str(log), "--top", "2"]) == 0
     out = capsys.readouterr().out
     assert "### Slowest tasks" in out
-    assert "calico : Apply calico.yaml with CALICO_IPV4POOL_CIDR set | api | k8s | 1 |" in out
+    assert f"{CALICO_APPLY} | api | k8s | 1 |" in out
 
 
 def test_a_log_without_profile_tasks_is_refused(profile, tmp_path, capsys):
