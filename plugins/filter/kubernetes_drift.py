@@ -4,17 +4,27 @@ A role that applies a large manifest (Calico's calico.yaml: 38 objects, 23 of th
 PATCH per object on every run, about 25 s on the lab, even when nothing changed. Reading each kind once
 (``kubernetes.core.k8s_info``, one list call per kind: ``k8s_kinds``) and applying only the objects that
 ``k8s_not_as_rendered`` returns makes a converged run send no write at all, and still finds every drift
-the apply would put back.
+the apply puts back.
 
 "Held as rendered" is the rule a merge patch of the rendered object would leave unchanged: every field the
 rendered object sets has that value in the live object.
 
 - Mappings: each key of the rendered one is in the live one with a value that holds as rendered; keys only
   the live object has are what the API server defaults or other writers own, which the apply leaves alone.
-- Lists: the same length, element by element (an entry added, removed or reordered in the cluster differs:
-  the apply replaces the list).
+- Lists: the same length, element by element (an entry added, removed or reordered in the cluster differs).
+  The apply (``kubernetes.core.k8s``, a strategic merge patch) puts back an entry removed or edited, but
+  keeps an entry added to a list the API merges by key (a container's ``env``, a pod's ``volumes``): such an
+  object is returned, and applied without a change, on every run, as the role applied every object before
+  this comparison. Putting that kind of drift back would need a replace, which also drops what the
+  controllers own.
 - A rendered empty value (``null``, ``false``, ``0``, ``""``, ``[]``, ``{}``) holds where the live object
   lacks the field: the API server drops empty fields it serialises with ``omitempty``.
+- Except in a CustomResourceDefinition's schemas (``spec.versions[*].schema``), which the API server keeps as
+  sent, with its bounds as pointers: there a ``0`` (``minimum: 0``), a ``null``, a
+  ``x-kubernetes-preserve-unknown-fields: false`` and anything under ``default``, ``example`` or ``enum``
+  must be in the live object; only an empty string, list or map and the plain booleans of JSONSchemaProps
+  (``_SCHEMA_PLAIN_BOOLEANS``) are dropped when empty (calico.yaml's 23 CRDs, read back from the real API
+  server, hold as rendered: tests/unit/test_kubernetes_drift.py).
 - Scalars: equal, with a number and its decimal string form equal (``"1"`` and ``1``: int-or-string).
 - ``status`` is not compared (an apply does not write it), nor ``metadata`` other than labels and
   annotations (the server adds uid, resourceVersion, managedFields, ...).
@@ -32,8 +42,32 @@ _COMPARED_METADATA = ("labels", "annotations")
 _NOT_COMPARED = ("apiVersion", "kind", "metadata", "status")  # the identity, the metadata above, no status
 
 
+# JSONSchemaProps' booleans that are not pointers: serialised with omitempty, so a false one is dropped
+_SCHEMA_PLAIN_BOOLEANS = frozenset(
+    {
+        "exclusiveMaximum",
+        "exclusiveMinimum",
+        "uniqueItems",
+        "nullable",
+        "x-kubernetes-embedded-resource",
+        "x-kubernetes-int-or-string",
+    }
+)
+# JSON values of a schema (any value, kept as sent), compared whole and strictly
+_SCHEMA_VALUES = frozenset({"default", "example", "enum"})
+
+
 def _empty(value: Any) -> bool:
     return value is None or value is False or value == 0 or value in ("", [], {})
+
+
+def _dropped_from_schema(key: str, value: Any) -> bool:
+    """Whether the API server drops KEY: VALUE from a CRD schema it stores (omitempty of a non-pointer)."""
+    if key in _SCHEMA_VALUES:
+        return False
+    if value is False:
+        return key in _SCHEMA_PLAIN_BOOLEANS
+    return isinstance(value, (str, list, dict)) and not value
 
 
 def _scalar_equal(rendered: Any, live: Any) -> bool:
@@ -48,25 +82,50 @@ def _scalar_equal(rendered: Any, live: Any) -> bool:
     return False
 
 
-def holds(rendered: Any, live: Any) -> bool:
-    """Whether LIVE has every field RENDERED sets, with its value (the rule in the module's docstring)."""
+def holds(rendered: Any, live: Any, schema: bool = False) -> bool:
+    """Whether LIVE has every field RENDERED sets, with its value (the rule in the module's docstring);
+    SCHEMA: RENDERED is a CRD's schema (or a part of one), whose empty values are kept."""
     if isinstance(rendered, Mapping):
         if not isinstance(live, Mapping):
             return False
         for key, value in rendered.items():
             if key in live:
-                if not holds(value, live[key]):
+                if schema and key in _SCHEMA_VALUES:
+                    if value != live[key] or not holds(value, live[key]):
+                        return False
+                elif not holds(value, live[key], schema):
                     return False
-            elif not _empty(value):
+            elif not (_dropped_from_schema(key, value) if schema else _empty(value)):
                 return False
         return True
     if isinstance(rendered, list):
         return (
             isinstance(live, list)
             and len(rendered) == len(live)
-            and all(holds(r, v) for r, v in zip(rendered, live, strict=True))
+            and all(holds(r, v, schema) for r, v in zip(rendered, live, strict=True))
         )
     return _scalar_equal(rendered, live)
+
+
+def _crd_spec_holds(rendered: Any, live: Any) -> bool:
+    """A CRD's spec: as any object's, but each version's schema compared as the server keeps it."""
+    if not isinstance(rendered, Mapping) or not isinstance(live, Mapping):
+        return holds(rendered, live)
+    versions, live_versions = rendered.get("versions"), live.get("versions")
+    if not isinstance(versions, list) or not isinstance(live_versions, list):
+        return holds(rendered, live)
+    if len(versions) != len(live_versions):
+        return False
+    for version, live_version in zip(versions, live_versions, strict=True):
+        if not isinstance(version, Mapping) or not isinstance(live_version, Mapping):
+            return False
+        plain = {key: value for key, value in version.items() if key != "schema"}
+        if not holds(plain, live_version):
+            return False
+        if "schema" in version and not holds(version["schema"], live_version.get("schema"), schema=True):
+            return False
+    rest = {key: value for key, value in rendered.items() if key != "versions"}
+    return holds(rest, live)
 
 
 def _group(api_version: str) -> str:
@@ -90,8 +149,16 @@ def object_holds(rendered: Mapping[str, Any], live: Mapping[str, Any]) -> bool:
     live_body = {key: value for key, value in live.items() if key not in _NOT_COMPARED}
     metadata = rendered.get("metadata") or {}
     live_metadata = live.get("metadata") or {}
-    return holds(body, live_body) and all(
-        holds(metadata.get(field) or {}, live_metadata.get(field) or {}) for field in _COMPARED_METADATA
+    if _identity(rendered)[:2] == ("apiextensions.k8s.io", "CustomResourceDefinition"):
+        spec_holds = _crd_spec_holds(body.pop("spec", {}), live_body.pop("spec", {}))
+    else:
+        spec_holds = True
+    return (
+        spec_holds
+        and holds(body, live_body)
+        and all(
+            holds(metadata.get(field) or {}, live_metadata.get(field) or {}) for field in _COMPARED_METADATA
+        )
     )
 
 

@@ -137,6 +137,71 @@ def test_kinds_list_each_api_version_kind_and_namespace_once() -> None:
     ]
 
 
+CRD: dict[str, Any] = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "pools.example.org"},
+    "spec": {
+        "group": "example.org",
+        "names": {"kind": "Pool", "plural": "pools"},
+        "scope": "Cluster",
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "description": "",
+                        "properties": {
+                            "size": {"type": "integer", "minimum": 0, "exclusiveMinimum": False},
+                            "mode": {"type": "string", "default": "", "enum": ["", "strict"]},
+                            "extra": {"type": "object", "x-kubernetes-preserve-unknown-fields": False},
+                        },
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+def crd_as_served() -> dict[str, Any]:
+    """CRD as the API server keeps it: the empty description and the plain false boolean dropped
+    (omitempty), a conversion strategy defaulted, a status; the pointers (minimum 0, the false
+    preserve-unknown-fields) and the default and enum kept as sent."""
+    live = copy.deepcopy(CRD)
+    schema = live["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    del schema["description"]
+    del schema["properties"]["size"]["exclusiveMinimum"]
+    live["spec"]["conversion"] = {"strategy": "None"}
+    live["status"] = {"acceptedNames": {"kind": "Pool"}}
+    return live
+
+
+def test_a_crd_as_served_holds_as_rendered() -> None:
+    assert drift.k8s_not_as_rendered([CRD], [crd_as_served()]) == []
+
+
+@pytest.mark.parametrize(
+    ("field", "prop"),
+    [("minimum", "size"), ("default", "mode"), ("x-kubernetes-preserve-unknown-fields", "extra")],
+)
+def test_an_empty_value_removed_from_a_crd_schema_is_drift(field: str, prop: str) -> None:
+    """The server keeps these as sent (pointers, JSON values): one missing was removed by someone, and
+    an apply puts it back; outside a schema the same empty value would hold (omitempty)."""
+    live = crd_as_served()
+    del live["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"][prop][field]
+    assert drift.k8s_not_as_rendered([CRD], [live]) == [CRD]
+
+
+def test_a_crd_schema_enum_compares_whole_and_in_order() -> None:
+    live = crd_as_served()
+    live["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["mode"]["enum"] = ["strict", ""]
+    assert drift.k8s_not_as_rendered([CRD], [live]) == [CRD]
+
+
 # ------------------------------------------------------------------ Calico's manifest on the real API server
 
 NAMESPACE = "drift-test"
@@ -159,6 +224,24 @@ def calico_in_cluster(kube_control_plane: real_kube.ControlPlane) -> Iterator[li
     finally:
         kube_control_plane.kubectl("delete", "--ignore-not-found", "--wait=false", "-f", "-", stdin=listed)
         kube_control_plane.kubectl("delete", "namespace", NAMESPACE, "--wait=false")
+
+
+def first_path_to(obj: Any, key: str, value: Any, path: str = "") -> str | None:
+    """The JSON pointer of the first KEY: VALUE in OBJ (depth first), or None."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            here = f"{path}/{k.replace('~', '~0').replace('/', '~1')}"
+            if k == key and v == value and type(v) is type(value):
+                return here
+            found = first_path_to(v, key, value, here)
+            if found:
+                return found
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            found = first_path_to(v, key, value, f"{path}/{i}")
+            if found:
+                return found
+    return None
 
 
 def live(plane: real_kube.ControlPlane, objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -191,8 +274,21 @@ def test_calico_as_the_real_api_server_holds_it_needs_no_apply_and_each_drift_is
     deleted = kube_control_plane.kubectl("delete", "clusterrole", role["metadata"]["name"])
     assert deleted.returncode == 0, deleted.stderr
 
+    # a CRD's schema bound of 0 removed: the server had kept it as sent (a pointer), so it is drift
+    crd, pointer = next((o, p) for o in objects if o["kind"] == "CustomResourceDefinition"
+                        for p in [first_path_to(o, "minimum", 0)] if p)  # fmt: skip
+    removed = kube_control_plane.kubectl(
+        "patch", "crd", crd["metadata"]["name"], "--type=json", "-p",
+        json.dumps([{"op": "remove", "path": pointer}]),
+    )  # fmt: skip
+    assert removed.returncode == 0, removed.stderr
+
     to_apply = drift.k8s_not_as_rendered(objects, live(kube_control_plane, objects))
     assert [(o["kind"], o["metadata"]["name"]) for o in to_apply] == sorted(
-        [("DaemonSet", "calico-node"), ("ClusterRole", role["metadata"]["name"])],
+        [
+            ("DaemonSet", "calico-node"),
+            ("ClusterRole", role["metadata"]["name"]),
+            ("CustomResourceDefinition", crd["metadata"]["name"]),
+        ],
         key=lambda kind_name: [(o["kind"], o["metadata"]["name"]) for o in objects].index(kind_name),
     )
