@@ -53,12 +53,15 @@ def runs_for(task_name: str, items: list[Any], **registered: Any) -> list[Any]:
 CONVERGED_MODULE_FILES = {f"/etc/modules-load.d/{m}.conf": f"{m}\n" for m in MODULES}
 
 
-def modules_called(loaded: list[str] = MODULES, files: dict[str, str] = CONVERGED_MODULE_FILES) -> list[str]:
+def modules_called(
+    loaded: list[str] = MODULES, files: dict[str, str] = CONVERGED_MODULE_FILES, links: tuple[str, ...] = ()
+) -> list[str]:
     return runs_for(
         LOAD,
         MODULES,
         __kubernetes_node_proc_modules=proc_modules(loaded),
         __kubernetes_node_module_files=found(files),
+        __kubernetes_node_modprobe_links={"files": [{"path": p, "islnk": True} for p in links]},
     )
 
 
@@ -86,6 +89,11 @@ def test_options_given_in_modprobe_d_send_every_module_to_modprobe() -> None:
     # the read names the file, not the module: modprobe (params '') decides which options it comments out
     files = CONVERGED_MODULE_FILES | {"/etc/modprobe.d/site.conf": "options nf_conntrack hashsize=1\n"}
     assert modules_called(files=files) == MODULES
+
+
+def test_a_link_in_modprobe_d_sends_every_module_to_modprobe() -> None:
+    # find lstat()s: a link's target (options the site keeps elsewhere) is not read, modprobe follows it
+    assert modules_called(links=("/etc/modprobe.d/site.conf",)) == MODULES
 
 
 def modprobe_reads(line: str) -> bool:
