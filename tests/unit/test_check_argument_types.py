@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
+from playbook_text import flat
 
 ROOT = Path(__file__).resolve().parents[2]
 _SPEC = importlib.util.spec_from_file_location("argument_types", ROOT / "plugins/filter/argument_types.py")
@@ -94,10 +95,6 @@ def run_validate(role: str, extra: dict[str, Any], tmp_path: Path) -> subprocess
         env=env,
         timeout=300,
     )
-
-
-def flat(text: str) -> str:
-    return " ".join(text.replace("\\n", " ").split())
 
 
 def sentence(name: str, wanted: str, got: str, example: str) -> str:

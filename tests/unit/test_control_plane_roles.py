@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from playbook_text import flat
 from role_render import RoleVars
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,10 +76,6 @@ def validate(inventory: Path, tmp_path: Path, **values: Any) -> subprocess.Compl
         env=env,
         timeout=300,
     )
-
-
-def flat(text: str) -> str:
-    return " ".join(text.replace("\\n", " ").split())
 
 
 def test_the_defaults_pass(inventory: Path, tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import real_kube
+from playbook_text import flat
 
 ROOT = Path(__file__).resolve().parents[2]
 PROGRAM = ROOT / "roles" / "etcd_backup" / "files" / "etcd_backup.py"
@@ -95,10 +96,6 @@ def play(site: dict[str, Any], *args: str, **values: Any) -> subprocess.Complete
         env=env,
         timeout=600,
     )
-
-
-def flat(text: str) -> str:
-    return " ".join(text.replace("\\n", " ").split())
 
 
 def manifests(site: dict[str, Any]) -> list[str]:

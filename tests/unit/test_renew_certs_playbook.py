@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import real_kube
 import yaml
+from playbook_text import flat
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -97,10 +98,6 @@ def check(site: dict[str, Any]) -> subprocess.CompletedProcess[str]:
 
 def digests(pki: Path) -> dict[str, str]:
     return {str(p.relative_to(pki)): hashlib.sha256(p.read_bytes()).hexdigest() for p in pki.rglob("*.crt")}
-
-
-def flat(text: str) -> str:
-    return " ".join(text.replace("\\n", " ").split())
 
 
 def test_a_fresh_set_is_left_alone(site: dict[str, Any]) -> None:
