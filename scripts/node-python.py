@@ -22,7 +22,9 @@ what pyproject.toml's `[tool.ruff.per-file-target-version]` maps to the nodes' v
                     is node-side when it imports a node-side module (`import gpu_facts`, from
                     `ansible.module_utils` one of the project's), names a node-side file in a string
                     (`ROLE / "files" / "gpu_tuning_apply.py"`), or imports a test file that is
-                    node-side
+                    node-side; and does not import the controller's Ansible (ansible.* but its
+                    module_utils and modules), itself or through a helper file of DIR (role_render.py):
+                    that needs 3.11 and runs in the controller's pass
 """
 
 from __future__ import annotations
@@ -164,6 +166,27 @@ def _strings(tree: ast.AST) -> Iterable[str]:
             yield node.value
 
 
+def _controller_import(name: str) -> bool:
+    """Whether NAME is ansible-core's controller code (ansible.parsing, ansible.template, ...: 3.11 or newer),
+    not what AnsiballZ ships to a node (ansible.module_utils) or a module."""
+    return (name == "ansible" or name.startswith("ansible.")) and not name.startswith(
+        ("ansible.module_utils", "ansible.modules")
+    )
+
+
+def _importers_too(stems: set[str], imported: dict[str, set[str]]) -> set[str]:
+    """STEMS and every test that imports one of them, directly or through another test (IMPORTED: each
+    test's imported test files)."""
+    grown, found = True, set(stems)
+    while grown:
+        grown = False
+        for stem, uses in imported.items():
+            if stem not in found and uses & found:
+                found.add(stem)
+                grown = True
+    return found
+
+
 def node_side_tests(directory: Path) -> list[Path]:
     files = node_side_files()
     modules = {f.stem for f in files if f.parent.name == "library"}
@@ -171,21 +194,27 @@ def node_side_tests(directory: Path) -> list[Path]:
     # a node-side file's name standing alone in a string ("a/gpu_tuning_apply.py"; not "test_x.py")
     named = re.compile("|".join(rf"(?<![\w.]){re.escape(f.name)}(?!\w)" for f in files))
     tests = sorted(directory.glob("test_*.py"))
-    direct, imported = set(), {}
+    # the directory's helper files (role_render.py, ...) that import the controller's Ansible
+    controller_helpers = {
+        helper.stem
+        for helper in directory.glob("*.py")
+        if not helper.name.startswith("test_")
+        and any(_controller_import(name) for name in _imports(ast.parse(helper.read_text(), str(helper))))
+    }
+    direct, imported, controller = set(), {}, set()
     for test in tests:
         tree = ast.parse(test.read_text(), str(test))
         names = set(_imports(tree))
         imported[test.stem] = {name.split(".")[0] for name in names if name.startswith("test_")}
+        if any(_controller_import(name) or name.split(".")[0] in controller_helpers for name in names):
+            controller.add(test.stem)
         if names & modules or any(named.search(text) for text in _strings(tree)):
             direct.add(test.stem)
-    selected, grown = set(direct), True
-    while grown:
-        grown = False
-        for stem, uses in imported.items():
-            if stem not in selected and uses & selected:
-                selected.add(stem)
-                grown = True
-    return [test for test in tests if test.stem in selected]
+    selected = _importers_too(direct, imported)
+    controller = _importers_too(controller, imported)
+    # a test that imports the controller's Ansible cannot run under the nodes' Python, whatever it names: it
+    # runs in the controller's pass (role_render's templar evaluating a role's `when`, ...)
+    return [test for test in tests if test.stem in selected and test.stem not in controller]
 
 
 def main(argv: list[str]) -> int:

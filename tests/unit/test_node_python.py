@@ -76,6 +76,30 @@ def test_selection_rule_takes_every_kind_of_node_side_test(tmp_path: Path) -> No
     assert selected == {"test_utils.py", "test_module.py", "test_script.py", "test_helper_user.py"}
 
 
+def test_a_test_importing_the_controller_s_ansible_is_never_node_side(tmp_path: Path) -> None:
+    """ansible-core's controller code needs 3.11 (typing.Self): a test that imports it, itself, through a
+    helper file (role_render.py's templar) or through another test, fails under the nodes' Python, and a
+    failed import of it breaks every later test of that worker there. It runs in the controller's pass,
+    whatever node-side file it names."""
+    files = node_python.node_side_files()
+    utils = next(f.stem for f in files if f.parent.name == "module_utils")
+    script = next(f.name for f in files if f.parent.name == "files")
+    tests = {
+        "render_helper.py": "from ansible.parsing.dataloader import DataLoader\n",
+        "plain_helper.py": f"from ansible.module_utils.{utils} import something\n",
+        "test_when.py": f'from render_helper import DataLoader\nPATH = "{script}"\n',
+        "test_templar.py": f"import ansible.template\nfrom ansible.module_utils.{utils} import x\n",
+        "test_plain.py": f'from plain_helper import something\nPATH = "{script}"\n',
+        "test_plain_user.py": "from test_plain import PATH\n",
+        "test_helper_user.py": "from test_when import PATH\nfrom test_plain import PATH as P\n",
+    }
+    for name, text in tests.items():
+        (tmp_path / name).write_text(text)
+
+    selected = {path.name for path in node_python.node_side_tests(tmp_path)}
+    assert selected == {"test_plain.py", "test_plain_user.py"}
+
+
 def test_selection_of_the_project_s_tests() -> None:
     selected = {path.name for path in node_python.node_side_tests(ROOT / "tests" / "unit")}
     assert {
@@ -86,6 +110,8 @@ def test_selection_of_the_project_s_tests() -> None:
         "test_oncall_playbooks.py",  # through test_gpu_health_agent's cluster
     } <= selected
     assert not {"test_role_docs.py", "test_node_python.py", "test_serving_manifests.py"} & selected
+    # names gpu_xid.py, but evaluates the role's `when` with role_render's templar (the controller's Ansible)
+    assert "test_gpu_health_agent_install.py" not in selected
 
 
 def test_no_python_310_is_a_clear_failure(tmp_path: Path) -> None:
