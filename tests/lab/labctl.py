@@ -560,7 +560,17 @@ def wait_for_registry(timeout_s: float = 60) -> None:
     )
 
 
+def ensure_go_builds() -> None:
+    """Every component tests/lab/gobuild builds, in its cache (a no-op when there). The mirror's packages
+    (kept in STATE, rebuilt only when their inputs change) carry some of these binaries: a Go cache emptied
+    under a current mirror is filled again here, and the builds are reproducible, so the nodes' binaries
+    still match the cache byte for byte (test_real_kubernetes_on_lab.py)."""
+    for component in images.gobuild.COMPONENTS:
+        go_build(component.name)
+
+
 def ensure_mirror() -> None:
+    ensure_go_builds()
     ensure_mirror_content()
     ensure_registry_pki()
     registry = go_build("registry")
