@@ -19,8 +19,8 @@ rendered object sets has that value in the live object.
   controllers own.
 - A rendered empty value (``null``, ``false``, ``0``, ``""``, ``[]``, ``{}``) holds where the live object
   lacks the field: the API server drops empty fields it serialises with ``omitempty``.
-- Except in a CustomResourceDefinition's schemas (``spec.versions[*].schema``), which the API server keeps as
-  sent, with its bounds as pointers: there a ``0`` (``minimum: 0``), a ``null``, a
+- Except in a CustomResourceDefinition's schemas (``spec.versions[*].schema.openAPIV3Schema``), which the
+  API server keeps as sent, with its bounds as pointers: there a ``0`` (``minimum: 0``), a ``null``, a
   ``x-kubernetes-preserve-unknown-fields: false`` and anything under ``default``, ``example`` or ``enum``
   must be in the live object; only an empty string, list or map and the plain booleans of JSONSchemaProps
   (``_SCHEMA_PLAIN_BOOLEANS``) are dropped when empty (calico.yaml's 23 CRDs, read back from the real API
@@ -55,6 +55,8 @@ _SCHEMA_PLAIN_BOOLEANS = frozenset(
 )
 # JSON values of a schema (any value, kept as sent), compared whole and strictly
 _SCHEMA_VALUES = frozenset({"default", "example", "enum"})
+# the key a CRD's schema stands under (spec.versions[*].schema.openAPIV3Schema): no other kind has it
+_SCHEMA_ROOT = "openAPIV3Schema"
 
 
 def _empty(value: Any) -> bool:
@@ -84,7 +86,7 @@ def _scalar_equal(rendered: Any, live: Any) -> bool:
 
 def holds(rendered: Any, live: Any, schema: bool = False) -> bool:
     """Whether LIVE has every field RENDERED sets, with its value (the rule in the module's docstring);
-    SCHEMA: RENDERED is a CRD's schema (or a part of one), whose empty values are kept."""
+    SCHEMA: RENDERED is (a part of) a CRD's schema, below its _SCHEMA_ROOT, whose empty values are kept."""
     if isinstance(rendered, Mapping):
         if not isinstance(live, Mapping):
             return False
@@ -93,7 +95,7 @@ def holds(rendered: Any, live: Any, schema: bool = False) -> bool:
                 if schema and key in _SCHEMA_VALUES:
                     if value != live[key] or not holds(value, live[key]):
                         return False
-                elif not holds(value, live[key], schema):
+                elif not holds(value, live[key], schema or key == _SCHEMA_ROOT):
                     return False
             elif not (_dropped_from_schema(key, value) if schema else _empty(value)):
                 return False
@@ -105,27 +107,6 @@ def holds(rendered: Any, live: Any, schema: bool = False) -> bool:
             and all(holds(r, v, schema) for r, v in zip(rendered, live, strict=True))
         )
     return _scalar_equal(rendered, live)
-
-
-def _crd_spec_holds(rendered: Any, live: Any) -> bool:
-    """A CRD's spec: as any object's, but each version's schema compared as the server keeps it."""
-    if not isinstance(rendered, Mapping) or not isinstance(live, Mapping):
-        return holds(rendered, live)
-    versions, live_versions = rendered.get("versions"), live.get("versions")
-    if not isinstance(versions, list) or not isinstance(live_versions, list):
-        return holds(rendered, live)
-    if len(versions) != len(live_versions):
-        return False
-    for version, live_version in zip(versions, live_versions, strict=True):
-        if not isinstance(version, Mapping) or not isinstance(live_version, Mapping):
-            return False
-        plain = {key: value for key, value in version.items() if key != "schema"}
-        if not holds(plain, live_version):
-            return False
-        if "schema" in version and not holds(version["schema"], live_version.get("schema"), schema=True):
-            return False
-    rest = {key: value for key, value in rendered.items() if key != "versions"}
-    return holds(rest, live)
 
 
 def _group(api_version: str) -> str:
@@ -149,16 +130,8 @@ def object_holds(rendered: Mapping[str, Any], live: Mapping[str, Any]) -> bool:
     live_body = {key: value for key, value in live.items() if key not in _NOT_COMPARED}
     metadata = rendered.get("metadata") or {}
     live_metadata = live.get("metadata") or {}
-    if _identity(rendered)[:2] == ("apiextensions.k8s.io", "CustomResourceDefinition"):
-        spec_holds = _crd_spec_holds(body.pop("spec", {}), live_body.pop("spec", {}))
-    else:
-        spec_holds = True
-    return (
-        spec_holds
-        and holds(body, live_body)
-        and all(
-            holds(metadata.get(field) or {}, live_metadata.get(field) or {}) for field in _COMPARED_METADATA
-        )
+    return holds(body, live_body) and all(
+        holds(metadata.get(field) or {}, live_metadata.get(field) or {}) for field in _COMPARED_METADATA
     )
 
 
