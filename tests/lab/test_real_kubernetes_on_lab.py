@@ -827,15 +827,19 @@ def delete_plugin_pods(node: str) -> None:
 
 
 @pytest.fixture
-def plugin_unregistered() -> Iterator[tuple[str, str]]:
-    """PLUGIN_NODE's device plugin unregistered (lab-kube-fault); afterwards, as on-call would, its pod
-    replaced if the GPUs are not back, and waited for until the node offers them all again."""
+def plugin_unregistered() -> Iterator[tuple[str, str, float]]:
+    """PLUGIN_NODE's device plugin unregistered (lab-kube-fault); yields the node, its GPU count and its
+    kubelet's nodeStatusUpdateFrequency. Afterwards, as on-call would, its pod replaced if the GPUs are not
+    back, and waited for until the node offers them all again."""
     node = PLUGIN_NODE
     gpus = str(kube_json(f"get node {node}")["status"]["capacity"][GPU])
     assert allocatable_gpus(node) == gpus, f"{node} must start with every GPU allocatable"
+    # read before the fault: it restarts the kubelet, whose /configz then refuses connections until it is up
+    # again (CI, 2026-12-04: read just after the fault, "dial tcp ...:10250: connect: connection refused")
+    status_every = kubelet_setting_s(node, "nodeStatusUpdateFrequency")
     lab_fault(node, "device-plugin-unregistered")
     try:
-        yield node, gpus
+        yield node, gpus, status_every
     finally:
         lab_fault(node, "clear", "device-plugin-unregistered")
         if allocatable_gpus(node) != gpus:
@@ -843,16 +847,15 @@ def plugin_unregistered() -> Iterator[tuple[str, str]]:
         wait_for(
             f"{node} offering {gpus} GPUs again",
             lambda: allocatable_gpus(node) == gpus,
-            POD_START_S + kubelet_setting_s(node, "nodeStatusUpdateFrequency"),
+            POD_START_S + status_every,
         )
 
 
 def test_device_plugin_unregistered_leaves_allocatable_zero_while_its_pod_runs(
-    plugin_unregistered: tuple[str, str],
+    plugin_unregistered: tuple[str, str, float],
 ) -> None:
-    node, gpus = plugin_unregistered
+    node, gpus, status_every = plugin_unregistered
     (before,) = plugin_pods(node)
-    status_every = kubelet_setting_s(node, "nodeStatusUpdateFrequency")
     # the kubelet posts the Node's resources every nodeStatusUpdateFrequency
     wait_for(
         f"{node} allocatable {GPU} 0", lambda: allocatable_gpus(node) == "0", status_every + LOOP_MARGIN_S
