@@ -28,21 +28,34 @@ version_added: "0.1.0"
 author: "A100 LLM platform team"
 options:
   action:
-    description: What to decide.
-    type: str
-    choices: [cordon, uncordon, maintenance]
+    description:
+      - What to decide. C(cordon), C(uncordon), C(maintenance) - see O(health) and O(node).
+      - C(rolling) - planned work that takes the GPU nodes out one at a time (playbooks/upgrade-driver.yml),
+        which of O(todo) may be cordoned within the breaker's limit, and the patch that cordons each.
+    choices: [cordon, uncordon, maintenance, rolling]
     required: true
   nodes:
     description: The GPU Node objects (as kubernetes.core.k8s_info returns them).
     type: list
     elements: dict
     required: true
+  todo:
+    description: The nodes the work is for, in order (O(action=rolling)).
+    type: list
+    elements: str
+    default: []
+  own_annotation:
+    description:
+      - The annotation the calling playbook marks its own cordon with (O(action=rolling)). A node that carries
+        it counts as not cordoned, since the playbook lifts that cordon before it takes the next node. The
+        patches set it.
+    type: str
   health:
     description:
       - C(gpu_health) results by node name. For O(action=uncordon) and O(action=maintenance), the result for
         O(node) (a dict with C(verdict) and C(msg); C(gpus) and C(action) for maintenance).
+      - Required unless O(action=rolling).
     type: dict
-    required: true
   node:
     description: The node to uncordon (O(action=uncordon)) or to work on (O(action=maintenance)).
     type: str
@@ -54,7 +67,7 @@ options:
   what:
     description: The work, written into the history (O(action=maintenance)).
     type: str
-    choices: [reset, reboot]
+    choices: [reset, reboot, driver-upgrade]
     default: reset
   force:
     description: Uncordon even though the node is unhealthy now; recorded in the history annotation.
@@ -114,18 +127,23 @@ time:
   returned: always
   type: str
 limit:
-  description: How many GPU nodes may be cordoned at once (O(action=cordon)).
-  returned: action is cordon
+  description: How many GPU nodes may be cordoned at once.
+  returned: action is cordon or rolling
   type: int
   sample: 1
+allowed:
+  description: The O(todo) nodes the breaker lets the work take out (O(action=rolling)).
+  returned: action is rolling
+  type: list
+  elements: str
 cordon:
   description: Nodes to cordon now.
   returned: action is cordon
   type: list
   elements: str
 held_back:
-  description: Unhealthy nodes the breaker leaves alone, with why.
-  returned: action is cordon
+  description: Unhealthy nodes (O(action=rolling) the O(todo) nodes) the breaker leaves alone, with why.
+  returned: action is cordon or rolling
   type: dict
 already_same_reason:
   description: Unhealthy nodes already cordoned for the same reasons (nothing to do).
@@ -142,8 +160,8 @@ unhealthy:
   type: list
   elements: str
 cordoned_before:
-  description: GPU nodes cordoned before this decision.
-  returned: action is cordon
+  description: GPU nodes cordoned before this decision (O(action=rolling) by someone else).
+  returned: action is cordon or rolling
   type: list
   elements: str
 patches:
@@ -176,25 +194,73 @@ from ansible.module_utils.gpu_breaker import (
     CORDON_ANNOTATION,
     HISTORY_ANNOTATION,
     cordon_patches,
+    history_with,
     maintenance_patch,
+    rolling_plan,
     uncordon_patch,
 )
+
+
+def rolling(p: dict[str, Any], time: str) -> dict[str, Any]:
+    """action=rolling: the breaker's decision for O(todo), and a cordon patch for each allowed node that is
+    not cordoned yet (the playbook's own annotation, and the work in the history)."""
+    own = p["own_annotation"]
+    by_name = {n["metadata"]["name"]: n for n in p["nodes"]}
+
+    def annotations(name: str) -> dict[str, Any]:
+        return (by_name[name].get("metadata") or {}).get("annotations") or {}
+
+    def cordoned(name: str) -> bool:
+        return bool((by_name[name].get("spec") or {}).get("unschedulable"))
+
+    by_others = {name: cordoned(name) and own not in annotations(name) for name in by_name}
+    decision = rolling_plan(by_others, p["todo"], p["max_cordoned_percent"])
+    patches = {}
+    for name in decision["allowed"]:
+        if cordoned(name):
+            continue
+        record = {"by": p["by"], "time": time, "message": f"node: {p['what']} ({p['by']})"}
+        patches[name] = {
+            "metadata": {
+                "annotations": {
+                    own: f"cordoned by {p['by']} for the {p['what']} at {time}",
+                    HISTORY_ANNOTATION: history_with(
+                        annotations(name).get(HISTORY_ANNOTATION), p["what"], record
+                    ),
+                }
+            },
+            "spec": {"unschedulable": True},
+        }
+    parts = [f"limit {decision['limit']}", f"allowed: {', '.join(decision['allowed']) or 'none'}"]
+    parts += [f"held back: {name}: {why}" for name, why in decision["held_back"].items()]
+    return {**decision, "patches": patches, "msg": "; ".join(parts)}
 
 
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
-            "action": {"type": "str", "choices": ["cordon", "uncordon", "maintenance"], "required": True},
+            "action": {
+                "type": "str",
+                "choices": ["cordon", "uncordon", "maintenance", "rolling"],
+                "required": True,
+            },
             "nodes": {"type": "list", "elements": "dict", "required": True},
-            "health": {"type": "dict", "required": True},
+            "health": {"type": "dict"},
+            "todo": {"type": "list", "elements": "str", "default": []},
+            "own_annotation": {"type": "str"},
             "node": {"type": "str"},
             "force": {"type": "bool", "default": False},
             "by": {"type": "str", "required": True},
             "max_cordoned_percent": {"type": "int", "default": 34},
             "gpus": {"type": "list", "elements": "int", "default": []},
-            "what": {"type": "str", "choices": ["reset", "reboot"], "default": "reset"},
+            "what": {"type": "str", "choices": ["reset", "reboot", "driver-upgrade"], "default": "reset"},
         },
-        required_if=[("action", "uncordon", ["node"]), ("action", "maintenance", ["node"])],
+        required_if=[
+            ("action", "cordon", ["health"]),
+            ("action", "uncordon", ["node", "health"]),
+            ("action", "maintenance", ["node", "health"]),
+            ("action", "rolling", ["own_annotation"]),
+        ],
         supports_check_mode=True,
     )
     p = module.params
@@ -210,6 +276,8 @@ def main() -> None:
         "history_annotation": HISTORY_ANNOTATION,
         "time": time,
     }
+    if p["action"] == "rolling":
+        module.exit_json(**common, **rolling(p, time))
     if p["action"] == "cordon":
         result = cordon_patches(p["nodes"], p["health"], p["by"], time, p["max_cordoned_percent"])
         parts = [f"unhealthy: {', '.join(result['unhealthy']) or 'none'}"]

@@ -85,6 +85,38 @@ def plan(
     return result
 
 
+def rolling_plan(
+    unschedulable: Mapping[str, bool],
+    todo: Iterable[str],
+    max_cordoned_percent: int = DEFAULT_MAX_CORDONED_PERCENT,
+) -> dict[str, Any]:
+    """Planned work that takes GPU nodes out one at a time (playbooks/upgrade-driver.yml): which of the
+    ``todo`` nodes may be cordoned for it, within the same limit as an unhealthy node (cordon_limit).
+
+    ``unschedulable``: every GPU node's name -> whether it is cordoned now by someone else (the caller leaves
+    out its own cordon, which it lifts before the next node). A node cordoned already adds no node out of
+    service: it may be worked on. Any other is allowed when the nodes cordoned by others plus this one stay
+    within the limit; each todo node is judged alone, as the work takes one at a time.
+    """
+    names = sorted(unschedulable)
+    limit = cordon_limit(len(names), max_cordoned_percent)
+    out = [n for n in names if unschedulable[n]]
+    allowed: list[str] = []
+    held_back: dict[str, str] = {}
+    for node in todo:
+        if node not in unschedulable:
+            held_back[node] = "not a known GPU node of the cluster"
+        elif unschedulable[node] or len(out) + 1 <= limit:
+            allowed.append(node)
+        else:
+            held_back[node] = (
+                f"circuit breaker: {len(out)} of {len(names)} GPU nodes cordoned already"
+                f"{' (' + ', '.join(out) + ')' if out else ''}, at most {limit} may be "
+                f"({max_cordoned_percent}% of the GPU nodes, never the last schedulable one)"
+            )
+    return {"limit": limit, "cordoned_before": out, "allowed": allowed, "held_back": held_back}
+
+
 # ------------------------------------------------------------------------ what a cordon leaves on a node
 # The one home of the annotation keys: the agent writes them, ecc-cordon.yml and uncordon.yml read and
 # write them (module gpu_cordon_plan returns them).

@@ -1,5 +1,6 @@
-"""The circuit breaker rule (module_utils/gpu_breaker.py), shared by the GPU health agent and
-playbooks/remediate/ecc-cordon.yml (module gpu_cordon_plan), and the decisions built on it."""
+"""The circuit breaker rule (module_utils/gpu_breaker.py), shared by the GPU health agent,
+playbooks/remediate/ecc-cordon.yml and playbooks/upgrade-driver.yml (module gpu_cordon_plan), and the
+decisions built on it."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from ansible.module_utils.gpu_breaker import (
     cordon_patches,
     history_with,
     plan,
+    rolling_plan,
     uncordon_patch,
 )
 from conftest import run_module
@@ -156,3 +158,59 @@ def test_module_cordon_and_uncordon() -> None:
         {"action": "cordon", "nodes": nodes, "health": {}, "by": "x", "max_cordoned_percent": 150},
     )
     assert failed and "max_cordoned_percent must be 0..100" in result["msg"]
+
+
+OWN = "upgrade-driver.llm-platform.io/cordoned"
+
+
+def test_rolling_takes_one_node_of_three_at_a_time_with_the_same_limit() -> None:
+    """Planned work (upgrade-driver.yml) judges each node alone against cordon_limit, the agents' rule."""
+    free = {"gpu-node-1": False, "gpu-node-2": False, "gpu-node-3": False}
+    assert rolling_plan(free, ["gpu-node-1", "gpu-node-2", "gpu-node-3"]) == {
+        "limit": 1,
+        "cordoned_before": [],
+        "allowed": ["gpu-node-1", "gpu-node-2", "gpu-node-3"],
+        "held_back": {},
+    }
+    one_out = free | {"gpu-node-3": True}
+    decision = rolling_plan(one_out, ["gpu-node-1", "gpu-node-3"])
+    assert decision["allowed"] == ["gpu-node-3"]  # cordoned already: its work takes no further node out
+    assert decision["held_back"] == {
+        "gpu-node-1": "circuit breaker: 1 of 3 GPU nodes cordoned already (gpu-node-3), at most 1 may be "
+        "(34% of the GPU nodes, never the last schedulable one)"
+    }
+    assert rolling_plan(one_out, ["gpu-node-1"], 67)["allowed"] == ["gpu-node-1"]
+    assert rolling_plan({"gpu-node-1": False}, ["gpu-node-1"], 100)["held_back"]  # never the last node
+    assert rolling_plan(free, ["gpu-node-9"])["held_back"] == {
+        "gpu-node-9": "not a known GPU node of the cluster"
+    }
+
+
+def test_module_rolling_counts_its_own_cordon_as_lifted_and_patches_the_allowed() -> None:
+    nodes = [
+        node("gpu-node-1", cordoned=True, annotations={OWN: "cordoned by upgrade-driver.yml"}),
+        node("gpu-node-2"),
+        node("gpu-node-3"),
+    ]
+    args = {"action": "rolling", "nodes": nodes, "own_annotation": OWN, "by": "upgrade-driver.yml"}
+    failed, result = run_module(
+        gpu_cordon_plan, args | {"todo": ["gpu-node-1", "gpu-node-2"], "what": "driver-upgrade"}
+    )
+    assert not failed and result["changed"] is False, result
+    # gpu-node-1 is out by this playbook's own (earlier, stopped) run: not counted against gpu-node-2
+    assert result["allowed"] == ["gpu-node-1", "gpu-node-2"] and result["held_back"] == {}
+    assert list(result["patches"]) == ["gpu-node-2"]  # gpu-node-1 is cordoned already
+    patch = result["patches"]["gpu-node-2"]
+    assert patch["spec"] == {"unschedulable": True}
+    assert patch["metadata"]["annotations"][OWN].startswith(
+        "cordoned by upgrade-driver.yml for the driver-upgrade"
+    )
+    assert json.loads(patch["metadata"]["annotations"][HISTORY_ANNOTATION])[-1]["action"] == "driver-upgrade"
+    # someone else's cordon counts
+    nodes[0] = node("gpu-node-1", cordoned=True)
+    failed, result = run_module(gpu_cordon_plan, args | {"todo": ["gpu-node-2"]})
+    assert not failed and result["allowed"] == [] and list(result["held_back"]) == ["gpu-node-2"], result
+    failed, result = run_module(gpu_cordon_plan, {"action": "rolling", "nodes": nodes, "by": "x"})
+    assert failed and "own_annotation" in result["msg"]
+    failed, result = run_module(gpu_cordon_plan, {"action": "cordon", "nodes": nodes, "by": "x"})
+    assert failed and "health" in result["msg"]
