@@ -342,13 +342,14 @@ def container_toolkit_packages(version: str, repo: str) -> list[Package]:
 
 
 def driver_repository_packages(spec: dict) -> list[Package]:
-    """Every driver package of the mirror: each release of NVIDIA's CUDA repo, Ubuntu's -server 535 builds,
-    and the cuda-drivers metapackage that always follows the newest branch."""
+    """Every driver package of the mirror: each release of NVIDIA's CUDA repo, Ubuntu's -server builds of the
+    releases marked `server` (the branches the roles install), and the cuda-drivers metapackage that always
+    follows the newest branch."""
     packages: list[Package] = []
     newest_branch = max(spec["driver_branches"], key=lambda b: [int(x) for x in b["upstream"].split(".")])
     for release in spec["driver_branches"]:
         packages += driver_packages(release["branch"], release["upstream"], "cuda")
-        if release["branch"] == "535":
+        if release.get("server"):
             packages += driver_packages(release["branch"], release["upstream"], "ubuntu-restricted")
     packages.append(
         Package(
