@@ -197,3 +197,85 @@ def test_the_roles_pin_keeps_the_trap_metapackages_out(repos: dict[str, Path], t
     result = apt.install(["cuda-drivers"], preferences=driver.render_template("nvidia-driver.pref.j2"))
     assert not result.ok
     assert "cuda-drivers" not in result.installed
+
+
+# --- the second branch (R580, the upgrade path after R535's end of life) ----------------------------------
+
+R580 = "580.95.05"
+
+
+def test_the_mirror_carries_580_in_the_shape_of_535(repos: dict[str, Path]) -> None:
+    """Both branches the role installs: the same packages with the branch swapped, the same Depends (each
+    metapackage on its parts at exactly its own version), in NVIDIA's repository and as Ubuntu's -server."""
+    packages = build_mirror_module().driver_repository_packages(SPEC)
+
+    def shape(branch: str, upstream: str, repo: str) -> dict[str, list[str]]:
+        def generic(text: str) -> str:
+            return text.replace(upstream, "V").replace(branch, "NNN")
+
+        return {
+            generic(p.name): [generic(d) for d in p.depends]
+            for p in packages
+            # not the cuda-drivers metapackage: it follows the newest branch, whichever that is
+            if p.repo == repo and p.version.startswith(f"{upstream}-") and p.name != "cuda-drivers"
+        }
+
+    for repo in ("cuda", "ubuntu-restricted"):
+        assert shape("580", R580, repo) == shape("535", PINNED, repo), repo
+    headless = next(p for p in packages if p.name == "nvidia-headless-no-dkms-580" and p.repo == "cuda")
+    assert f"libnvidia-compute-580 (= {R580}-0ubuntu1)" in headless.depends
+
+
+@pytest.mark.parametrize(("source", "repo"), [("cuda_repo", "cuda"), ("ubuntu", "ubuntu-restricted")])
+def test_the_roles_pin_resolves_one_consistent_580_set(
+    repos: dict[str, Path], tmp_path: Path, source: str, repo: str
+) -> None:
+    driver = role(nvidia_driver_source=source, nvidia_driver_branch="580", nvidia_driver_version=R580)
+    apt = AptSim(tmp_path, repos[repo])
+    result = apt.install(
+        driver["__nvidia_driver_package_specs"], preferences=driver.render_template("nvidia-driver.pref.j2")
+    )
+    assert result.ok, result.output
+    suffix = "-server" if source == "ubuntu" else ""
+    assert {
+        f"nvidia-headless-580{suffix}",
+        f"libnvidia-compute-580{suffix}",
+        f"nvidia-dkms-580{suffix}",
+    } <= set(result.installed), result.output
+    assert {name: v for name, v in result.installed.items() if not v.startswith(f"{R580}-")} == {}
+    assert not [n for n in result.installed if "535" in n]
+
+
+def test_a_branch_change_removes_what_is_left_of_the_old_branch_and_nothing_else() -> None:
+    """535 -> 580: what the install leaves of 535 (parts without a conflict, fabric manager, the firmware, the
+    signed modules) is removed with its holds (hold-driver-packages.yml); 580's own and other NVIDIA packages
+    stay."""
+    installed = [
+        "nvidia-headless-535", "libnvidia-cfg1-535", "nvidia-firmware-535-535.183.06",
+        "nvidia-fabricmanager-535", f"linux-modules-nvidia-535-server-{KERNEL}", "nvidia-driver-535-server",
+        "nvidia-headless-580", "libnvidia-cfg1-580", "nvidia-firmware-580-580.95.05",
+        "nvidia-fabricmanager-580", f"linux-modules-nvidia-580-server-{KERNEL}", "nvidia-container-toolkit",
+        "libnvidia-container1", "cuda-toolkit-12-1", "nvidia-utils-535-open",
+    ]  # fmt: skip
+    facts = {"kernel": KERNEL, "packages": {name: [{"version": "1"}] for name in installed}}
+    driver = role(nvidia_driver_branch="580", nvidia_driver_version=R580, ansible_facts=facts)
+    assert driver["__nvidia_driver_other_branch_packages"] == [
+        "libnvidia-cfg1-535",
+        f"linux-modules-nvidia-535-server-{KERNEL}",
+        "nvidia-driver-535-server",
+        "nvidia-fabricmanager-535",
+        "nvidia-firmware-535-535.183.06",
+        "nvidia-headless-535",
+    ]
+    # on the branch it runs, nothing is another branch's
+    same = {"kernel": KERNEL, "packages": {n: [{"version": "1"}] for n in installed if "580" not in n}}
+    assert role(ansible_facts=same)["__nvidia_driver_other_branch_packages"] == []
+
+
+def test_the_role_installs_only_the_branches_of_its_table() -> None:
+    branches = role()["__nvidia_driver_branches"]
+    assert sorted(branches) == ["535", "580"]
+    assert branches["535"]["end_of_life"] == "2026-06" and branches["580"]["end_of_life"] == ""
+    # the serving stage knows the CUDA each of them runs (the image check of upgrade-driver.yml reads it)
+    serving = RoleVars("vllm_serving")["vllm_serving_driver_max_cuda"]
+    assert {"535": "12.2", "580": "13.0"}.items() <= serving.items()
