@@ -32,6 +32,7 @@ options:
       - What to decide. C(cordon), C(uncordon), C(maintenance) - see O(health) and O(node).
       - C(rolling) - planned work that takes the GPU nodes out one at a time (playbooks/upgrade-driver.yml),
         which of O(todo) may be cordoned within the breaker's limit, and the patch that cordons each.
+    type: str
     choices: [cordon, uncordon, maintenance, rolling]
     required: true
   nodes:
