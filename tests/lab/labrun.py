@@ -152,6 +152,49 @@ def cluster_nodes() -> list[dict[str, Any]]:
     return list(json.loads(listed.stdout)["items"])
 
 
+# what the device plugin logs when it marks a GPU unhealthy (NVIDIA's plugin's words; the lab's stand-in,
+# lab-programs/cmd/nvidia-device-plugin, markUnhealthyLocked)
+PLUGIN_MARKED_UNHEALTHY = "device marked unhealthy"
+
+
+def nodes_whose_plugin_marked_a_gpu_unhealthy(since: str) -> list[str]:
+    """The nodes whose device plugin pod logged a GPU marked unhealthy since SINCE (RFC 3339, UTC). The
+    plugin marks it when it sees the fault, and the kubelet shows it in the Node's allocatable only at its
+    next status update: a test that clears its fault and reads allocatable at once may still find every GPU
+    offered, and leave the next test a node one GPU short (CI, 2026-12-05: gpu-node-2 offered 3 of its 4
+    GPUs for 90 s after test_gpu_health_ecc_on_node2_gpu2)."""
+    listed = on_node(NODES[0], f"{ADMIN_KUBECTL} get pods -A -l {PLUGIN_SELECTOR} -o json", timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    marked = set()
+    for pod in json.loads(listed.stdout)["items"]:
+        name, namespace = pod["metadata"]["name"], pod["metadata"]["namespace"]
+        logs = on_node(
+            NODES[0], f"{ADMIN_KUBECTL} logs -n {namespace} {name} --since-time={since}", timeout=60
+        )
+        if PLUGIN_MARKED_UNHEALTHY in logs.stdout:
+            marked.add(pod["spec"]["nodeName"])
+    return sorted(marked)
+
+
+def wait_until_short_of_gpus(nodes: list[str], timeout: float = 60) -> None:
+    """Until the kubelet of each of NODES reports fewer GPUs allocatable than it has (its plugin marked one
+    unhealthy: its next node status update shows it)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        offered = {
+            item["metadata"]["name"]: item["status"].get("allocatable", {}).get(GPU_RESOURCE)
+            == item["status"].get("capacity", {}).get(GPU_RESOURCE)
+            for item in cluster_nodes()
+        }
+        still_full = [node for node in nodes if offered.get(node, False)]
+        if not still_full:
+            return
+        assert time.monotonic() < deadline, (
+            f"the device plugin marked a GPU unhealthy on {still_full}, but the kubelet still offers them all"
+        )
+        time.sleep(2)
+
+
 def give_back_unhealthy_gpus(timeout: float = 120) -> list[str]:
     """After a test has cleared the GPU fault it injected: the device plugin marks a GPU Unhealthy on a
     critical Xid or ECC event and never Healthy again (NVIDIA's plugin, v0.20; the lab's stand-in does the

@@ -15,11 +15,18 @@ import os
 import shutil
 import subprocess
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
-from labrun import ADMIN_KUBECTL, playbook, take_back_agent_cordons
+from labrun import (
+    ADMIN_KUBECTL,
+    nodes_whose_plugin_marked_a_gpu_unhealthy,
+    playbook,
+    take_back_agent_cordons,
+    wait_until_short_of_gpus,
+)
 
 pytestmark = pytest.mark.lab
 
@@ -122,12 +129,16 @@ def fresh_state(lab: None) -> Iterator[None]:
     """Each test starts from, and leaves behind, the state saved at the start of the module: the GPUs as
     they were and no node left cordoned by the GPU health agent for the fault the test injected."""
     saved = {n: on_node(n, "fake-nvml", "show", "--json").stdout for n in NODES}
+    began = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     yield
     for node, text in saved.items():
         restore(node, text)
     take_back_agent_cordons()
     # the device plugin keeps a GPU that had an uncorrectable error unhealthy until it restarts, as NVIDIA's
-    # does: the on-call fix gives it back, so the tests after this one find every GPU offered
+    # does: the on-call fix gives it back, so the tests after this one find every GPU offered. The fix acts
+    # on the nodes the kubelet shows short, so first wait until it shows those whose plugin marked a GPU.
+    marked = nodes_whose_plugin_marked_a_gpu_unhealthy(began) if gpus_offered() else []
+    wait_until_short_of_gpus(marked)
     if any(offered != "4" for offered in gpus_offered().values()):
         fixed = playbook("playbooks/remediate/restart-device-plugin.yml")
         assert fixed.rc == 0, fixed.tail()
