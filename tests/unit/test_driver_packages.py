@@ -157,11 +157,17 @@ def test_pinning_the_seven_packages_fails_with_the_exact_version_depends(
     ), result.output
 
 
+# the second branch (R580, the upgrade path after R535's end of life), in the mirror beside 535
+R580 = "580.95.05"
+OTHER_BRANCH = {"535": "580", "580": "535"}
+
+
+@pytest.mark.parametrize(("branch", "version"), [("535", PINNED), ("580", R580)])
 @pytest.mark.parametrize(("source", "repo"), [("cuda_repo", "cuda"), ("ubuntu", "ubuntu-restricted")])
 def test_the_roles_pin_resolves_one_consistent_headless_set(
-    repos: dict[str, Path], tmp_path: Path, source: str, repo: str
+    repos: dict[str, Path], tmp_path: Path, source: str, repo: str, branch: str, version: str
 ) -> None:
-    driver = role(nvidia_driver_source=source)
+    driver = role(nvidia_driver_source=source, nvidia_driver_branch=branch, nvidia_driver_version=version)
     apt = AptSim(tmp_path, repos[repo])
     result = apt.install(
         driver["__nvidia_driver_package_specs"], preferences=driver.render_template("nvidia-driver.pref.j2")
@@ -169,17 +175,19 @@ def test_the_roles_pin_resolves_one_consistent_headless_set(
     assert result.ok, result.output
     suffix = "-server" if source == "ubuntu" else ""
     # the whole headless set, dependencies included, every one at the pinned build
-    assert {
-        f"nvidia-headless-535{suffix}", f"nvidia-headless-no-dkms-535{suffix}", f"nvidia-utils-535{suffix}",
-        f"nvidia-dkms-535{suffix}", f"nvidia-kernel-common-535{suffix}", f"nvidia-kernel-source-535{suffix}",
-        f"libnvidia-compute-535{suffix}", f"nvidia-compute-utils-535{suffix}", f"libnvidia-cfg1-535{suffix}",
-        f"nvidia-firmware-535{suffix}-{PINNED}",
-    } <= set(result.installed), result.output  # fmt: skip
-    assert {name: v for name, v in result.installed.items() if not v.startswith(f"{PINNED}-")} == {}
-    # a headless node: no Xorg driver, no GL, no display metapackage
+    parts = [
+        "nvidia-headless", "nvidia-headless-no-dkms", "nvidia-utils", "nvidia-dkms", "nvidia-kernel-common",
+        "nvidia-kernel-source", "libnvidia-compute", "nvidia-compute-utils", "libnvidia-cfg1",
+    ]  # fmt: skip
+    expected = {f"{part}-{branch}{suffix}" for part in parts}
+    expected.add(f"nvidia-firmware-{branch}{suffix}-{version}")
+    assert expected <= set(result.installed), result.output
+    assert {name: v for name, v in result.installed.items() if not v.startswith(f"{version}-")} == {}
+    # a headless node: no Xorg driver, no GL, no display metapackage; nothing of the other branch
     assert not [
         n for n in result.installed if re.match(r"(xserver-xorg|libnvidia-gl|nvidia-driver|cuda-drivers)", n)
     ]
+    assert not [n for n in result.installed if f"-{OTHER_BRANCH[branch]}" in n]
 
 
 def test_without_the_pin_apt_takes_the_newer_build(repos: dict[str, Path], tmp_path: Path) -> None:
@@ -199,9 +207,7 @@ def test_the_roles_pin_keeps_the_trap_metapackages_out(repos: dict[str, Path], t
     assert "cuda-drivers" not in result.installed
 
 
-# --- the second branch (R580, the upgrade path after R535's end of life) ----------------------------------
-
-R580 = "580.95.05"
+# --- the second branch (R580), beside 535 ------------------------------------------------------------------
 
 
 def test_the_mirror_carries_580_in_the_shape_of_535(repos: dict[str, Path]) -> None:
@@ -224,26 +230,6 @@ def test_the_mirror_carries_580_in_the_shape_of_535(repos: dict[str, Path]) -> N
         assert shape("580", R580, repo) == shape("535", PINNED, repo), repo
     headless = next(p for p in packages if p.name == "nvidia-headless-no-dkms-580" and p.repo == "cuda")
     assert f"libnvidia-compute-580 (= {R580}-0ubuntu1)" in headless.depends
-
-
-@pytest.mark.parametrize(("source", "repo"), [("cuda_repo", "cuda"), ("ubuntu", "ubuntu-restricted")])
-def test_the_roles_pin_resolves_one_consistent_580_set(
-    repos: dict[str, Path], tmp_path: Path, source: str, repo: str
-) -> None:
-    driver = role(nvidia_driver_source=source, nvidia_driver_branch="580", nvidia_driver_version=R580)
-    apt = AptSim(tmp_path, repos[repo])
-    result = apt.install(
-        driver["__nvidia_driver_package_specs"], preferences=driver.render_template("nvidia-driver.pref.j2")
-    )
-    assert result.ok, result.output
-    suffix = "-server" if source == "ubuntu" else ""
-    assert {
-        f"nvidia-headless-580{suffix}",
-        f"libnvidia-compute-580{suffix}",
-        f"nvidia-dkms-580{suffix}",
-    } <= set(result.installed), result.output
-    assert {name: v for name, v in result.installed.items() if not v.startswith(f"{R580}-")} == {}
-    assert not [n for n in result.installed if "535" in n]
 
 
 def test_a_branch_change_removes_what_is_left_of_the_old_branch_and_nothing_else() -> None:
