@@ -114,18 +114,7 @@ LONG_LAB_TESTS: dict[str, str] = {
 # Lab tests that failed on the real cluster in the last full run and are not fixed yet: each says what was
 # seen. They are not run (xfail, run=False: reported as x, never green) until the defect named is fixed; the
 # list is the to-do list, and docs/benchmarks.md's last full run names them too.
-FAILING_LAB_TESTS: dict[str, str] = {
-    "test_site_on_lab.py::test_a_replaced_worker_is_recreated_converged_and_joined": (
-        "2026-12-05, after the canary and validate long tests passed: recreating gpu-node-2's container left "
-        "gpu-node-1 and gpu-node-3 without their systemd cgroups (/sys/fs/cgroup/systemd/system.slice/"
-        "containerd.service gone), so runc refused every new container there ('create mountpoint for "
-        "/sys/fs/cgroup/systemd mount: stat ...: no such file or directory'), etcd and the API server could "
-        "not restart, and the site run stopped at the Kubernetes stage's API check. A lab defect of this "
-        "cgroup v1 host (podman removing a privileged systemd container), not the product's: restarting the "
-        "two node containers and `make lab` put the lab back (changed only on the replaced worker). It "
-        "passed on 2026-12-02 in 9 min 11 s"
-    ),
-}
+FAILING_LAB_TESTS: dict[str, str] = {}
 
 
 def _long_reason(item: pytest.Item) -> str | None:

@@ -30,7 +30,6 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-import exec_heal  # beside this file: a node exec refused for a cgroup gone
 import images  # beside this file: the images the lab's cluster pulls
 import labstate  # beside this file: where the lab's state lives
 import yaml
@@ -49,6 +48,22 @@ MIRROR_IP = "10.89.42.2"
 LABEL = "llm-lab"
 SSH_KEY = STATE / "ssh" / "id_ed25519"
 GPU_SHAPE = "a100-pcie-40gb-x4"
+# What a node needs to boot systemd, given by hand and not through podman's systemd mode (--systemd=always).
+# On this cgroup v1 (hybrid) host, podman 4.3's systemd mode bind-mounts the name=systemd hierarchy at its
+# root over the node's own (a node's mountinfo shows its root as `/../..`), so the three nodes' systemds
+# shared one /system.slice and one /kubepods.slice there. A node stopping (its container removed: a replaced
+# worker) then stopped and removed the cgroups the other nodes' containerd and pods ran in, and runc refused
+# every new container on them ("create mountpoint for /sys/fs/cgroup/systemd mount: ... no such file or
+# directory"): etcd and the API server could not restart. Without that mode, runc mounts the hierarchy at the
+# node's own cgroup (the root of its cgroup namespace), as it does every other controller, and each node's
+# systemd owns its subtree alone. The rest of what the mode gives: tmpfs on /run, /run/lock, /tmp and
+# /var/log/journal, and `container=podman`, by which systemd knows it runs in a container (its stop signal,
+# SIGRTMIN+3, is the image's STOPSIGNAL).
+SYSTEMD_MODE_ARGS = (
+    "--systemd=false",
+    "--tmpfs", "/run", "--tmpfs", "/run/lock", "--tmpfs", "/tmp", "--tmpfs", "/var/log/journal",
+    "-e", "container=podman",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -83,8 +98,6 @@ def podman(*args: str, check: bool = True, capture: bool = True) -> subprocess.C
     env = dict(os.environ)
     env.setdefault("CONTAINERS_CONF", str(LAB_SRC / "containers.conf"))
     result = subprocess.run(["podman", *args], env=env, text=True, capture_output=capture)
-    if result.returncode != 0 and args[:1] == ("exec",) and exec_heal.heal(result.stderr):
-        result = subprocess.run(["podman", *args], env=env, text=True, capture_output=capture)
     if check and result.returncode != 0:
         raise LabError(f"podman {' '.join(args[:3])} ... failed: {(result.stderr or '').strip()}")
     return result
@@ -624,12 +637,14 @@ def ensure_node(node: Node) -> None:
         f"node {node.ssh_port}",
         [
             "--hostname", node.name, "--network", NETWORK, "--ip", node.ip, "--no-hosts",
-            "-p", f"127.0.0.1:{node.ssh_port}:22", "--systemd=always",
+            "-p", f"127.0.0.1:{node.ssh_port}:22",
             # the real kubelet runs pods with containerd and runc inside the node: nested containers need a
             # privileged node with a cgroup namespace of its own (its cgroups are its root, as the kubelet's
             # systemd driver expects); /proc/sys is made read-only but for the node's network parameters at
             # boot (lab-proc-sys.service), so nothing in the node changes this machine's kernel parameters
             "--privileged", "--cgroupns=private",
+            # systemd as PID 1 without podman's systemd mode (SYSTEMD_MODE_ARGS)
+            *SYSTEMD_MODE_ARGS,
             # containerd's overlayfs snapshots cannot live on the node's own overlay root: a volume
             "-v", f"{node_volume(node.name)}:/var/lib/containerd",
             "-v", f"{SSH_KEY}.pub:/home/labadmin/.ssh/authorized_keys:ro",

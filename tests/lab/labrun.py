@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import exec_heal
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,8 +54,6 @@ def env(json_callback: bool = False) -> dict[str, str]:
 
 def podman(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(["podman", *args], capture_output=True, text=True, env=env(), timeout=timeout)
-    if proc.returncode != 0 and args[:1] == ("exec",) and exec_heal.heal(proc.stderr):
-        proc = subprocess.run(["podman", *args], capture_output=True, text=True, env=env(), timeout=timeout)
     return proc
 
 
