@@ -10,9 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import fake_nvml_ctl
+import gpu_facts
 import pynvml
 import pytest
-from conftest import FAKE_NVML_DIR, SHAPES, FakeNode
+import yaml
+from ansible.module_utils import gpu_host
+from apt_sim import MIRROR, build_mirror_module
+from conftest import FAKE_NVML_DIR, ROOT, SHAPES, FakeNode, run_module
 
 
 def test_shapes_are_generated(node: FakeNode) -> None:
@@ -158,6 +162,171 @@ def test_cli_runs_as_a_script_with_stdlib_only(pcie_node: FakeNode, tmp_path: Pa
         check=True,
     )
     assert "kernel-version" in out.stdout
+
+
+# --- the loaded driver's branch: the CUDA and NVML versions NVML reports ----------------------------------
+# (driver version, nvmlSystemGetCudaDriverVersion, nvmlSystemGetNVMLVersion) of a driver of each branch the
+# lab's mirror carries: R535 supports CUDA 12.2, R550 12.4, R580 13.0 (NVIDIA's release notes; nvidia-smi's
+# "CUDA Version"), the NVML version is "<CUDA major>.<driver version>"
+BRANCH_REPORTS = [
+    ("535.183.06", 12020, "12.535.183.06"),
+    ("550.54.15", 12040, "12.550.54.15"),
+    ("580.95.05", 13000, "13.580.95.05"),
+]
+REPORT_KEYS = ("kernel_module_version", "cuda_driver_version", "nvml_version")
+
+
+def reported(state: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(state[key] for key in REPORT_KEYS)
+
+
+def nvml_reports() -> tuple[str, int, int, str]:
+    """What a client reads through the fake pynvml: driver, CUDA (both calls), NVML version."""
+    pynvml.nvmlInit()
+    try:
+        return (
+            pynvml.nvmlSystemGetDriverVersion(),
+            pynvml.nvmlSystemGetCudaDriverVersion(),
+            pynvml.nvmlSystemGetCudaDriverVersion_v2(),
+            pynvml.nvmlSystemGetNVMLVersion(),
+        )
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def library_is(node: FakeNode, version: str) -> None:
+    """The driver's user-space library at VERSION (its package installed), the kernel module left as it is."""
+    node.library_path.write_text(f"# lab stand-in\nversion={version}\n")
+
+
+@pytest.mark.parametrize(("version", "cuda", "nvml_version"), BRANCH_REPORTS)
+def test_nvml_reports_the_cuda_and_nvml_versions_of_the_loaded_drivers_branch(
+    pcie_node: FakeNode, version: str, cuda: int, nvml_version: str
+) -> None:
+    """Whichever way the driver came to be loaded: a machine initialised with it, its module loaded under its
+    library (kernel-version: the lab's modprobe), a reboot with its library installed (reset). Before the
+    table every driver reported a 535's CUDA 12.2, where a 580 reports 13.0 and the upgrade playbook checks
+    it."""
+    want = (version, cuda, nvml_version)
+    assert reported(fake_nvml_ctl.build_state(pcie_node.shape, pcie_node.host, version)) == want
+    init = [
+        "init",
+        "--shape",
+        pcie_node.shape,
+        "--host",
+        pcie_node.host,
+        "--force",
+        "--kernel-version",
+        version,
+    ]
+    assert pcie_node.ctl(*init) == 0
+    assert reported(pcie_node.state()) == want
+
+    for load in (("kernel-version", version), ("reset",)):
+        assert pcie_node.ctl("init", "--shape", pcie_node.shape, "--host", pcie_node.host, "--force") == 0
+        assert reported(pcie_node.state()) == BRANCH_REPORTS[0]  # 535.183.06 loaded
+        library_is(pcie_node, version)
+        assert pcie_node.ctl(*load) == 0, load
+        assert reported(pcie_node.state()) == want, load
+        assert nvml_reports() == (version, cuda, cuda, nvml_version), load
+
+
+@pytest.mark.parametrize("version", ["570.133.20", "999.1.2", "nvidia"])
+def test_a_driver_of_a_branch_the_table_lacks_is_refused(
+    pcie_node: FakeNode, capsys: pytest.CaptureFixture[str], version: str
+) -> None:
+    """No CUDA version is made up for a branch the fake does not know (570 is real, but the lab has no
+    library of it): refused, naming the version and the known branches, with the state left as it was."""
+    with pytest.raises(fake_nvml_ctl.CtlError) as info:
+        fake_nvml_ctl.build_state(pcie_node.shape, pcie_node.host, version)
+    message = str(info.value)
+    assert repr(version) in message and "known branches: 535, 550, 580" in message, message
+    before = pcie_node.state()
+    capsys.readouterr()
+    init = [
+        "init",
+        "--shape",
+        pcie_node.shape,
+        "--host",
+        pcie_node.host,
+        "--force",
+        "--kernel-version",
+        version,
+    ]
+    library_is(pcie_node, version)  # for the reset (a reboot loads the installed library's driver)
+    for args in (init, ["kernel-version", version], ["reset"]):
+        assert pcie_node.ctl(*args) == 1, args
+        err = capsys.readouterr().err
+        assert err.startswith("fake-nvml: error: ") and message in err and "Traceback" not in err, err
+        assert pcie_node.state() == before, args
+
+
+def test_the_branch_table_is_the_serving_roles_and_covers_the_mirrors_branches() -> None:
+    """The CUDA each branch reports is the newest CUDA the serving stage says it runs (the one table the
+    product has, roles/vllm_serving/vars/main.yml), and every driver branch the lab's mirror carries has an
+    entry: the mirror's nvidia-dkms stand-in loads its version through `fake-nvml kernel-version`."""
+    serving = yaml.safe_load((ROOT / "roles/vllm_serving/vars/main.yml").read_text())
+    max_cuda = serving["vllm_serving_driver_max_cuda"]
+    for branch, cuda in fake_nvml_ctl.CUDA_BY_BRANCH.items():
+        assert max_cuda.get(branch) == f"{cuda // 1000}.{cuda % 1000 // 10}", branch
+    packages = yaml.safe_load((MIRROR / "packages.yml").read_text())
+    assert {release["branch"] for release in packages["driver_branches"]} == set(fake_nvml_ctl.CUDA_BY_BRANCH)
+
+
+def driver_files(branch: str, version: str) -> tuple[str, str]:
+    """The nvidia-dkms stand-in's module hook and the NVML library file of one driver release, as
+    tests/lab/mirror/build_mirror.py puts them in its packages."""
+    packages = {p.name: p for p in build_mirror_module().driver_packages(branch, version, "cuda")}
+    hook = packages[f"nvidia-dkms-{branch}"].files["/usr/lib/lab-kmod/hooks/nvidia"][0]
+    library = packages[f"libnvidia-compute-{branch}"].files["/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"][0]
+    return hook, library
+
+
+def test_the_branch_upgrade_as_the_labs_stand_ins_do_it(
+    pcie_node: FakeNode, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """535 -> 580 -> 535 on a lab node, without a reboot (the lab's nvidia_driver_reboot is false): the 580
+    packages put their library in place (NVML: the mismatch, the 535 module still loaded), then the module
+    reload runs the nvidia-dkms-580 stand-in's hook as the lab's modprobe does (`HOOK load`, the hook as the
+    mirror ships it): gpu_facts, which playbooks/upgrade-driver.yml verifies the node with, reports driver
+    580.95.05 and CUDA 13.0; the way back to 535 reports 12.2 again."""
+    ctl = tmp_path / "fake-nvml"
+    ctl.write_text(f'#!/bin/sh\nexec {sys.executable} {FAKE_NVML_DIR / "fake_nvml_ctl.py"} "$@"\n')
+    ctl.chmod(0o755)
+    # gpu_facts reads this machine's /proc and PCI devices too: empty ones here
+    for name, attribute in (("proc", "PROC_ROOT"), ("pci-devices", "PCI_DEVICES_DIR")):
+        (tmp_path / name).mkdir()
+        monkeypatch.setattr(gpu_host, attribute, str(tmp_path / name))
+
+    def upgrade_to(branch: str, version: str) -> dict[str, Any]:
+        hook, library = driver_files(branch, version)
+        pcie_node.library_path.write_text(library)
+        with pytest.raises(pynvml.NVMLError_LibRmVersionMismatch):
+            pynvml.nvmlInit()
+        # the hook's paths on a node, here this test's (each must be in it: the hook is what the test runs)
+        for path, here in (
+            ("/usr/local/sbin/fake-nvml", ctl),
+            ("/var/lib/fake-nvml/state.json", pcie_node.state_path),
+            ("/dev/nvidiactl", tmp_path / "nvidiactl"),
+        ):
+            assert path in hook, path
+            hook = hook.replace(path, str(here))
+        script = tmp_path / f"hook-{branch}"
+        script.write_text(hook)
+        loaded = subprocess.run(["sh", str(script), "load"], capture_output=True, text=True, check=False)
+        assert loaded.returncode == 0, loaded.stderr
+        failed, result = run_module(gpu_facts)
+        assert not failed, result["msg"]
+        return dict(result["ansible_facts"]["nvidia"])
+
+    nvidia = upgrade_to("580", "580.95.05")
+    assert (nvidia["driver_version"], nvidia["cuda_driver_version"]) == ("580.95.05", "13.0")
+    assert nvidia["nvml_version"] == "13.580.95.05"
+    assert reported(pcie_node.state()) == BRANCH_REPORTS[2]
+
+    nvidia = upgrade_to("535", "535.183.06")
+    assert (nvidia["driver_version"], nvidia["cuda_driver_version"]) == ("535.183.06", "12.2")
+    assert reported(pcie_node.state()) == BRANCH_REPORTS[0]
 
 
 # --- the fake pynvml itself ---------------------------------------------------------------------

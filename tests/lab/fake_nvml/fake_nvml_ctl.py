@@ -20,7 +20,10 @@ Machine shapes are generated, not hand-written:
   behind one switch (PXB), four GPUs per socket (NODE), SYS across sockets.
 
 UUIDs and serial numbers are derived from the host name (stable across ``init``); PCI bus ids come
-from the shape, as identical servers have identical PCI layouts. Driver 535.183.06, CUDA 12.2.
+from the shape, as identical servers have identical PCI layouts. The loaded kernel module is driver 535.183.06
+unless told otherwise; the CUDA and NVML versions NVML reports follow its branch (CUDA_BY_BRANCH: 535 reports
+CUDA 12.2, 580 CUDA 13.0), at ``init``, at ``reset`` (a reboot: the installed library's version) and at
+``kernel-version`` (the module loaded by the lab's modprobe, the nvidia-dkms stand-in's hook).
 """
 
 from __future__ import annotations
@@ -52,7 +55,13 @@ DEFAULT_STATE = "/var/lib/fake-nvml/state.json"
 DEFAULT_KMSG = "/var/lib/fake-nvml/kmsg"
 DEFAULT_LIBRARY = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
 DEFAULT_DRIVER_VERSION = "535.183.06"
-CUDA_DRIVER_VERSION = 12020  # what a 535 driver reports: CUDA 12.2
+# What a driver of each branch reports through NVML: nvmlSystemGetCudaDriverVersion, the newest CUDA it runs
+# (major * 1000 + minor * 10, what nvidia-smi prints as "CUDA Version"), whose major also leads the NVML
+# version (nvmlSystemGetNVMLVersion: "12.535.183.06" for driver 535.183.06). From NVIDIA's release notes: R535
+# supports CUDA 12.2, R550 12.4, R580 13.0 (roles/vllm_serving/vars/main.yml, vllm_serving_driver_max_cuda,
+# has the same; tests/unit/test_fake_nvml_ctl.py holds the two equal). The branches the lab's mirror carries
+# a driver of; the real library exists only for real branches, so a version of another is refused.
+CUDA_BY_BRANCH: dict[str, int] = {"535": 12020, "550": 12040, "580": 13000}
 STATE_SCHEMA = 1
 
 MIB = 1024 * 1024
@@ -241,10 +250,27 @@ def build_gpu(shape: Shape, host: str, slot: int) -> dict[str, Any]:
     }
 
 
+def driver_reports(version: str) -> dict[str, Any]:
+    """What NVML reports of a loaded driver VERSION besides the version itself, as state keys: the CUDA
+    version of its branch and the NVML version ("<CUDA major>.<driver version>"). A branch not in
+    CUDA_BY_BRANCH is refused rather than given another branch's CUDA (the fake reported a 535 driver's
+    CUDA 12.2 for any driver before, where a 580 reports 13.0)."""
+    branch = version.split(".", 1)[0]
+    cuda = CUDA_BY_BRANCH.get(branch)
+    if cuda is None:
+        raise CtlError(
+            f"driver version {version!r} is of branch {branch!r}, which the fake NVML does not know: no CUDA "
+            f"version to report for it (known branches: {', '.join(sorted(CUDA_BY_BRANCH))}; CUDA_BY_BRANCH "
+            "in fake_nvml_ctl.py)"
+        )
+    return {"nvml_version": f"{cuda // 1000}.{version}", "cuda_driver_version": cuda}
+
+
 def build_state(
     shape_name: str, host: str, kernel_module_version: str = DEFAULT_DRIVER_VERSION
 ) -> dict[str, Any]:
-    """The state of a freshly booted machine of the given shape."""
+    """The state of a freshly booted machine of the given shape, its kernel module kernel_module_version
+    (the CUDA and NVML versions of that driver's branch)."""
     shape = SHAPES.get(shape_name)
     if shape is None:
         raise CtlError(f"unknown shape {shape_name!r}; choose one of: {', '.join(sorted(SHAPES))}")
@@ -254,8 +280,7 @@ def build_state(
         "shape": shape.name,
         "host": host,
         "kernel_module_version": kernel_module_version,
-        "nvml_version": f"12.{DEFAULT_DRIVER_VERSION}",
-        "cuda_driver_version": CUDA_DRIVER_VERSION,
+        **driver_reports(kernel_module_version),
         "nvswitches": [_pci(bus, 0x1AF110DE, 0x000010DE) for bus in shape.nvswitch_buses],
         "pcie_topology": [[0 if a == b else _pcie_level(shape, a, b) for b in range(n)] for a in range(n)],
         "missing_functions": [],
@@ -373,8 +398,9 @@ def cmd_reset(args: argparse.Namespace) -> str:
     path = state_path()
     with locked(path) as state:
         kernel = library_version() or state.get("kernel_module_version", DEFAULT_DRIVER_VERSION)
-        _stop_all_holders(state)  # a reboot ends every process
+        # first, so a library of a branch NVML has no table entry for is refused before anything changes
         fresh = build_state(state["shape"], state["host"], kernel)
+        _stop_all_holders(state)  # a reboot ends every process
         # the kernel log starts empty; its record numbers go on, as a new boot's seem new
         fresh["kmsg_seq"], fresh["event_seq"] = state.get("kmsg_seq", 0), state.get("event_seq", 0)
         state.clear()
@@ -586,9 +612,12 @@ def cmd_kernel_version(args: argparse.Namespace) -> str:
     version = args.version.strip()
     if not version or any(c.isspace() for c in version):
         raise CtlError(f"invalid version {args.version!r}")
+    # the driver now loaded reports its own branch's CUDA and NVML versions (a 580 module: CUDA 13.0)
+    reports = driver_reports(version)
 
     def change(state: dict[str, Any]) -> str:
         state["kernel_module_version"] = version
+        state.update(reports)
         lib = library_version()
         note = (
             ""
@@ -902,7 +931,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("init", help="write the state of a freshly booted machine")
     p.add_argument("--shape", required=True, choices=sorted(SHAPES))
     p.add_argument("--host", help="host name the UUIDs derive from (default: this host's name)")
-    p.add_argument("--kernel-version", default=DEFAULT_DRIVER_VERSION, help="loaded kernel module version")
+    p.add_argument(
+        "--kernel-version",
+        default=DEFAULT_DRIVER_VERSION,
+        help="loaded kernel module version (a branch of CUDA_BY_BRANCH: its CUDA and NVML versions follow)",
+    )
     p.add_argument("--force", action="store_true", help="replace an existing state")
     p.set_defaults(func=cmd_init)
 
@@ -965,7 +998,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_temp)
 
     p = sub.add_parser(
-        "kernel-version", help="set the loaded kernel module version (driver/library mismatch)"
+        "kernel-version",
+        help="set the loaded kernel module version (a driver/library mismatch, or the driver modprobe loads);"
+        " the CUDA and NVML versions follow its branch",
     )
     p.add_argument("version")
     p.set_defaults(func=cmd_kernel_version)
