@@ -17,6 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +26,8 @@ MIRROR = ROOT / "tests" / "lab" / "mirror"
 TOOLS = ("apt-get", "dpkg-deb", "apt-ftparchive")
 # "Inst nvidia-dkms-535 (535.183.06-0ubuntu1 llm-lab [amd64])"
 INST = re.compile(r"^Inst (?P<name>\S+) (?:\[\S+\] )?\((?P<version>\S+)")
+# "Remv nvidia-dkms-535 [535.183.06-0ubuntu1]", "Purg ..." with --purge
+REMV = re.compile(r"^(?:Remv|Purg) (?P<name>\S+)")
 
 
 def missing_tools() -> list[str]:
@@ -50,6 +53,7 @@ class Result:
     returncode: int
     output: str
     installed: dict[str, str] = field(default_factory=dict)
+    removed: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -98,10 +102,32 @@ class AptSim:
             ["apt-get", *self.options, *args], capture_output=True, text=True, check=False, timeout=120
         )
 
-    def install(self, specs: list[str], preferences: str = "") -> Result:
-        """`apt-get -s install specs` with `preferences` as the only file in preferences.d."""
+    def installed_as(self, packages: list, held: Iterable[str] = ()) -> None:  # type: ignore[type-arg]
+        """The simulated node's dpkg status from now on: these stand-ins (build_mirror.Package) installed,
+        with the Depends, Provides, Conflicts and Replaces their .debs carry, those named in `held` on hold
+        (what `apt-mark hold` and the role's dpkg_selections write)."""
+        control_file = build_mirror_module().control_file
+        held = set(held)
+        (self.root / "state" / "status").write_text(
+            "".join(
+                control_file(pkg) + f"Status: {'hold' if pkg.name in held else 'install'} ok installed\n\n"
+                for pkg in packages
+            )
+        )
+
+    def install(self, specs: list[str], preferences: str = "", options: Iterable[str] = ()) -> Result:
+        """`apt-get -s [options] install specs` with `preferences` as the only file in preferences.d."""
         (self.root / "etc" / "preferences.d" / "test.pref").write_text(preferences)
-        proc = self._run("-s", "-q", "install", *specs)
+        proc = self._run("-s", "-q", *options, "install", *specs)
         output = proc.stdout + proc.stderr
         installed = {m["name"]: m["version"] for m in map(INST.match, proc.stdout.splitlines()) if m}
-        return Result(proc.returncode, output, installed)
+        return Result(proc.returncode, output, installed, self._removed(proc.stdout))
+
+    def remove(self, names: list[str], options: Iterable[str] = ()) -> Result:
+        """`apt-get -s [options] remove names`."""
+        proc = self._run("-s", "-q", *options, "remove", *names)
+        return Result(proc.returncode, proc.stdout + proc.stderr, {}, self._removed(proc.stdout))
+
+    @staticmethod
+    def _removed(stdout: str) -> list[str]:
+        return sorted(m["name"] for m in map(REMV.match, stdout.splitlines()) if m)

@@ -24,6 +24,7 @@ SPEC = yaml.safe_load((MIRROR / "packages.yml").read_text())
 LAB_GPU_VARS = yaml.safe_load(
     (Path(__file__).resolve().parents[2] / "inventories/lab/group_vars/gpu_nodes.yml").read_text()
 )
+ROLE_TASKS = Path(__file__).resolve().parents[2] / "roles/nvidia_driver/tasks"
 PINNED = "535.183.06"
 NEWER = "535.216.03"
 KERNEL = "5.15.0-105-generic"
@@ -233,9 +234,9 @@ def test_the_mirror_carries_580_in_the_shape_of_535(repos: dict[str, Path]) -> N
 
 
 def test_a_branch_change_removes_what_is_left_of_the_old_branch_and_nothing_else() -> None:
-    """535 -> 580: what the install leaves of 535 (parts without a conflict, fabric manager, the firmware, the
-    signed modules) is removed with its holds (hold-driver-packages.yml); 580's own and other NVIDIA packages
-    stay."""
+    """535 -> 580: every package of 535 (its parts, fabric manager, the firmware, the signed modules, the
+    display packages) is removed with its holds before 580's are installed (install-driver-packages.yml);
+    580's own and other NVIDIA packages stay."""
     installed = [
         "nvidia-headless-535", "libnvidia-cfg1-535", "nvidia-firmware-535-535.183.06",
         "nvidia-fabricmanager-535", f"linux-modules-nvidia-535-server-{KERNEL}", "nvidia-driver-535-server",
@@ -256,6 +257,57 @@ def test_a_branch_change_removes_what_is_left_of_the_old_branch_and_nothing_else
     # on the branch it runs, nothing is another branch's
     same = {"kernel": KERNEL, "packages": {n: [{"version": "1"}] for n in installed if "580" not in n}}
     assert role(ansible_facts=same)["__nvidia_driver_other_branch_packages"] == []
+
+
+# the options of the role's apt tasks (ansible.builtin.apt with allow_downgrade, allow_change_held_packages
+# and install_recommends false; purge for the removal), as the apt module passes them to apt-get
+APT_MODULE_OPTIONS = (
+    "-y", "--allow-downgrades", "--allow-change-held-packages", "-o", "APT::Install-Recommends=no",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(("was", "to"), [(("535", PINNED), ("580", R580)), (("580", R580), ("535", PINNED))])
+def test_a_branch_change_removes_the_held_old_branch_then_installs_the_new_one(
+    repos: dict[str, Path], tmp_path: Path, was: tuple[str, str], to: tuple[str, str]
+) -> None:
+    """A node the role converged on one branch (its headless set installed and held), moved to the other
+    with the role's pin (playbooks/upgrade-driver.yml, and its way back). An install of the new set alone is
+    refused, --allow-change-held-packages or not: apt's resolver removes no held package by itself, nor one a
+    newer build of its branch could upgrade (535.216.03 beside the pinned 535.183.06). So
+    install-driver-packages.yml removes every installed package of the old branch first, held as they are
+    (the list the role renders from the node's packages), and then the new set installs whole."""
+    old = role(nvidia_driver_branch=was[0], nvidia_driver_version=was[1])
+    apt = AptSim(tmp_path, repos["cuda"])
+    first = apt.install(
+        old["__nvidia_driver_package_specs"], preferences=old.render_template("nvidia-driver.pref.j2")
+    )
+    assert first.ok, first.output
+    stand_ins = {(p.name, p.version): p for p in build_mirror_module().driver_repository_packages(SPEC)}
+    apt.installed_as([stand_ins[item] for item in first.installed.items()], held=first.installed)
+
+    facts = {"kernel": KERNEL, "packages": {name: [{"version": v}] for name, v in first.installed.items()}}
+    new = role(nvidia_driver_branch=to[0], nvidia_driver_version=to[1], ansible_facts=facts)
+    specs, pin = new["__nvidia_driver_package_specs"], new.render_template("nvidia-driver.pref.j2")
+    refused = apt.install(specs, preferences=pin, options=APT_MODULE_OPTIONS)
+    assert not refused.ok and "held packages" in refused.output, refused.output
+
+    removal = new["__nvidia_driver_other_branch_packages"]
+    assert removal == sorted(first.installed)  # every package of the old branch, nothing else
+    removed = apt.remove(removal, options=(*APT_MODULE_OPTIONS, "--purge"))
+    assert removed.ok and removed.removed == removal, removed.output
+    apt.installed_as([])  # what the removal leaves of the driver: nothing
+    moved = apt.install(specs, preferences=pin, options=APT_MODULE_OPTIONS)
+    assert moved.ok, moved.output
+    assert {f"nvidia-headless-{to[0]}", f"nvidia-utils-{to[0]}", f"libnvidia-compute-{to[0]}"} <= set(
+        moved.installed
+    )
+    assert {name: v for name, v in moved.installed.items() if not v.startswith(f"{to[1]}-")} == {}
+    # and the role does it in that order
+    tasks = yaml.safe_load((ROLE_TASKS / "install-driver-packages.yml").read_text())
+    names = [task["name"] for task in tasks]
+    removal_task = names.index("Remove the packages of another driver branch")
+    assert tasks[removal_task]["ansible.builtin.apt"]["name"] == "{{ __nvidia_driver_other_branch_packages }}"
+    assert removal_task < names.index("Install the packages of driver {{ nvidia_driver_version }}")
 
 
 def test_the_role_installs_only_the_branches_of_its_table() -> None:

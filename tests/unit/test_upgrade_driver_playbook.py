@@ -39,7 +39,7 @@ CHANGES = (
     "TASK [Install, hold and load the new driver",
     "TASK [nvidia_driver : Pin every package",
     "TASK [nvidia_driver : Install the packages of driver",
-    "TASK [nvidia_driver : Remove what is left of another driver branch",
+    "TASK [nvidia_driver : Remove the packages of another driver branch",
     "TASK [Uncordon the node",
 )
 
@@ -198,6 +198,20 @@ def test_check_of_a_subset_plans_only_it(fresh: UpgradeSite) -> None:
     text = said(run)
     assert "gpu-node-2 (1 of 1): driver 535.183.06 -> 580.95.05" in text, text[-3000:]
     assert "gpu-node-1 (" not in text and "gpu-node-3 (" not in text
+
+
+def test_check_without_the_reboot_plans_the_module_reload(fresh: UpgradeSite) -> None:
+    """The lab's path (nvidia_driver_reboot false, inventories/lab): no reboot, the marker left, the modules
+    reloaded; the plan line tests/lab/test_driver_upgrade_on_lab.py expects, word for word."""
+    run = fresh.upgrade({**R580, "nvidia_driver_reboot": False}, "--check", "-l", "gpu-node-2")
+    assert run.returncode == 0, said(run)[-3000:]
+    assert (
+        "gpu-node-2 (1 of 1): driver 535.183.06 -> 580.95.05 (branch 535 -> 580): cordon, drain, stop the "
+        "GPU clients of the cluster, install and hold the 580 packages, remove the 535 ones, no reboot "
+        "(nvidia_driver_reboot is false: /var/run/reboot-required is left; the kernel modules are reloaded "
+        "where nothing holds the GPUs), verify through NVML (version, GPUs, GPU settings), check the CUDA of "
+        "the vLLM image, uncordon"
+    ) in said(run), said(run)[-3000:]
 
 
 def test_the_breaker_refuses_a_second_node_out_and_a_node_cordoned_before_is_left_cordoned(
