@@ -108,13 +108,37 @@ LONG_LAB_TESTS: dict[str, str] = {
         "5 min (--check of the stage on a new container); in make test: test_site_on_lab.py's --check --diff "
         "on the converged lab"
     ),
+    "test_driver_upgrade_on_lab.py": (
+        "3 min 9 s on 2026-12-05 (gpu-node-2's driver 535 -> 580 under traffic and back: two drains, two apt "
+        "branch changes, two module reloads, four runs of the playbook); in make "
+        "test: test_upgrade_driver_playbook.py (refusals, plan, breaker against a real API server), "
+        "test_driver_packages.py (apt across the two branches, held, with the role's pin), "
+        "test_fake_nvml_ctl.py (the CUDA version each branch reports, the driver package's module hook)"
+    ),
 }
 
 
 # Lab tests that failed on the real cluster in the last full run and are not fixed yet: each says what was
 # seen. They are not run (xfail, run=False: reported as x, never green) until the defect named is fixed; the
 # list is the to-do list, and docs/benchmarks.md's last full run names them too.
-FAILING_LAB_TESTS: dict[str, str] = {}
+FAILING_LAB_TESTS: dict[str, str] = {
+    "test_day2_on_lab.py::test_a_restore_brings_back_what_was_deleted_and_corrupted": (
+        "2026-12-05, on a lab whose nodes were just recreated (each node's own name=systemd cgroup): the "
+        "playbook moved the control plane's static Pod manifests aside and back and restarted the kubelet, "
+        "then its wait for the four control-plane containers (tasks/static-pods-start.yml, 600 s) ran out "
+        "(702 s). crictl on the node showed them running again about 4 minutes after the next kubelet "
+        "restart, so the wait may miss containers that do run; not understood yet. The lab came back by "
+        "itself (3 Ready nodes). Passed on 2026-12-02"
+    ),
+    "test_day2_on_lab.py::test_short_certificates_are_reported_then_renewed": (
+        "2026-12-05, on a lab whose nodes were just recreated (each node's own name=systemd cgroup): the "
+        "playbook moved the control plane's static Pod manifests aside and back and restarted the kubelet, "
+        "then its wait for the four control-plane containers (tasks/static-pods-start.yml, 600 s) ran out "
+        "(676 s). crictl on the node showed them running again about 4 minutes after the next kubelet "
+        "restart, so the wait may miss containers that do run; not understood yet. The lab came back by "
+        "itself (3 Ready nodes). Passed on 2026-12-02"
+    ),
+}
 
 
 def _long_reason(item: pytest.Item) -> str | None:

@@ -1,0 +1,605 @@
+"""playbooks/upgrade-driver.yml on the lab (issue 18): gpu-node-2 moved from driver branch 535 (535.183.06) to
+580 (580.95.05) for real while clients keep asking the gateway, then back to 535 whatever happened.
+
+    flock /tmp/lab.lock .venv/bin/pytest -m lab tests/lab/test_driver_upgrade_on_lab.py -v -s
+
+Needs the lab converged through the serving stage (make lab), with this checkout's fake NVML on the nodes
+(make lab-up copies it there): a driver's CUDA version follows its branch
+(tests/lab/fake_nvml/fake_nvml_ctl.py, CUDA_BY_BRANCH: 535 reports CUDA 12.2, 580 reports 13.0, as the real
+drivers do).
+
+1. Before: NVML on gpu-node-2 (the node's own pynvml, the library gpu_facts reads) reports 535.183.06, CUDA
+   12.2.
+2. `--check -l gpu-node-2 -e nvidia_driver_branch=580 -e nvidia_driver_version=580.95.05`: the plan names
+   gpu-node-2, 535.183.06 -> 580.95.05 (branch 535 -> 580), with the lab's path (nvidia_driver_reboot false:
+   no reboot, the modules reloaded), the breaker's limit and R535's end of life; nothing changed: the recap,
+   NVML, the Node, the holds.
+3. The same without --check, while one thread sends chat completions to the gateway's NodePort of every node
+   in turn (each a new connection, as separate clients make) and another watches the Node. The gateway runs
+   llm_gateway_replicas (2, the role's default: the lab inventory keeps it) behind a PodDisruptionBudget of
+   min 1, the model 2 replicas behind a budget of max 1 unavailable: the drain takes at most one of each.
+4. After: NVML 580.95.05, CUDA 13.0 (13000, NVML version 13.580.95.05); apt holds only the 580 driver packages
+   and no 535 driver package is installed; the role's pin names 580; /var/run/reboot-required is there (the
+   lab is not rebooted); the cluster's own GPU clients are back on the node (the agent, the device plugin's
+   and dcgm-exporter's pods Ready, allocatable nvidia.com/gpu back to the GPU count); the watcher saw the node
+   cordoned with the playbook's annotation and out of the GPU node label meanwhile; the Node is uncordoned,
+   that annotation gone, the history naming the upgrade; a second --check has nothing to do; no request
+   failed.
+5. Always afterwards (the fixture): the runbook's undo, the same playbook back to 535.183.06 with
+   allow_downgrade, and what a run stopped half-way could leave (a driver/library mismatch or no driver, this
+   playbook's cordon, the GPU clients stopped) put back as the runbook says; then NVML 535.183.06 with CUDA
+   12.2 again, no 580 package, the node schedulable with its GPUs offered, serving whole again, the reboot
+   marker as found.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import re
+import shlex
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jwt
+import pytest
+import yaml
+from labrun import (
+    ADMIN_KUBECTL,
+    AGENT_CORDON,
+    AGENT_HISTORY,
+    GPU_RESOURCE,
+    LIVE_PODS,
+    NODES,
+    PLUGIN_SELECTOR,
+    ROOT,
+    Run,
+    on_node,
+    playbook,
+    running_nodes,
+)
+from unit.role_render import RoleVars
+
+pytestmark = pytest.mark.lab
+
+NODE = "gpu-node-2"
+CONTROL_PLANE = NODES[0]
+PLAYBOOK = "playbooks/upgrade-driver.yml"
+FROM, TO = ("535", "535.183.06"), ("580", "580.95.05")
+# what a driver of each branch reports through NVML (nvmlSystemGetCudaDriverVersion): R535 supports CUDA 12.2,
+# R580 CUDA 13.0 (NVIDIA's release notes)
+CUDA = {"535.183.06": 12020, "580.95.05": 13000}
+TO_580 = ("-e", f"nvidia_driver_branch={TO[0]}", "-e", f"nvidia_driver_version={TO[1]}")
+# the runbook's undo: the values back, a downgrade on purpose
+BACK_TO_535 = (
+    "-e", f"nvidia_driver_branch={FROM[0]}", "-e", f"nvidia_driver_version={FROM[1]}",
+    "-e", '{"allow_downgrade": true}',
+)  # fmt: skip
+
+LAB_GPU_VARS = yaml.safe_load((ROOT / "inventories/lab/group_vars/gpu_nodes.yml").read_text())
+LAB_K8S_VARS = yaml.safe_load((ROOT / "inventories/lab/group_vars/k8s_cluster.yml").read_text())
+GPUS = int(LAB_GPU_VARS["nvidia_driver_expected_gpu_count"])
+# the playbook's own cordon mark, and the nvidia_driver role's files (each from its one home)
+OWN_ANNOTATION = yaml.safe_load((ROOT / PLAYBOOK).read_text())[0]["vars"]["upgrade_driver_annotation"]
+DRIVER_VARS = yaml.safe_load((ROOT / "roles/nvidia_driver/vars/main.yml").read_text())
+REBOOT_MARKER = DRIVER_VARS["__nvidia_driver_reboot_marker"]
+CLIENTS_RECORD = DRIVER_VARS["__nvidia_driver_gpu_clients_record"]
+NVML_PYTHON = f"{DRIVER_VARS['__nvidia_driver_nvml_venv']}/bin/python3"
+(PIN_TASK,) = yaml.safe_load((ROOT / "roles/nvidia_driver/tasks/pin-driver-packages.yml").read_text())
+PIN_FILE = PIN_TASK["ansible.builtin.template"]["dest"]
+GPU_LABEL = yaml.safe_load((ROOT / "roles/nvidia_device_plugin/defaults/main.yml").read_text())[
+    "nvidia_device_plugin_node_label"
+]
+AGENT_UNIT = "gpu-health-agent"
+# the GPU DaemonSets whose pods leave a node out of the GPU node label (namespace/DaemonSet)
+GPU_DAEMONSETS = ("kube-system/nvidia-device-plugin-daemonset", "monitoring/dcgm-exporter")
+
+
+def branch_pattern(branch: str) -> re.Pattern[str]:
+    """Every driver package of BRANCH, by the role's own pattern (what its pin and holds cover)."""
+    return re.compile(
+        RoleVars("nvidia_driver", nvidia_driver_branch=branch)["__nvidia_driver_branch_package_regex"]
+    )
+
+
+ANY_BRANCH = re.compile(
+    DRIVER_VARS["__nvidia_driver_package_regex_of_branch"].replace("@BRANCH@", "[0-9]{3}")
+)
+
+SERVING = yaml.safe_load((ROOT / "roles/vllm_serving/defaults/main.yml").read_text())[
+    "vllm_serving_namespace"
+]
+GATEWAY = "llm-gateway"  # the Deployment, its Service and its pods' app.kubernetes.io/name
+MODEL = LAB_K8S_VARS["vllm_serving_models"][0]
+JWT_SECRET = LAB_K8S_VARS["llm_gateway_jwt_secret"]
+
+# Bounds, each over the setting it waits on, for these machines (two shared cores, nested containers)
+POLL_S = 2
+PLUGIN_POD_START_S = 60  # a new device plugin pod registered and its GPUs in the Node's status (every 10 s)
+POD_START_S = 120  # a pod scheduled, its image pulled from the lab's registry, started, its probes passing
+REQUEST_TIMEOUT_S = 30
+REQUEST_PAUSE_S = 0.2  # between two requests: a steady client, not a load test on two cores
+WATCH_S = 3
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+def sh(node: str, command: str, timeout: int = 120) -> str:
+    done = on_node(node, command, timeout=timeout)
+    assert done.returncode == 0, f"{node}: {command}: {done.stdout}{done.stderr}"
+    return done.stdout
+
+
+def kube_json(args: str) -> Any:
+    done = on_node(CONTROL_PLANE, f"{ADMIN_KUBECTL} {args} -o json", timeout=120)
+    assert done.returncode == 0, f"kubectl {args}: {done.stderr}"
+    return json.loads(done.stdout)
+
+
+def kubectl(args: str) -> None:
+    sh(CONTROL_PLANE, f"{ADMIN_KUBECTL} {args}")
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout_s: float) -> Any:
+    """check() until it returns something true, at most timeout_s; returns that."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s:.0f} s: {what}")
+        time.sleep(POLL_S)
+
+
+def flat(text: str) -> str:
+    """Output on one line, as the YAML callback's single-quoted strings read (`''` is `'`)."""
+    return " ".join(text.replace("''", "'").split())
+
+
+def upgrade(*args: str) -> Run:
+    return playbook(PLAYBOOK, "-l", NODE, *args)
+
+
+# what a client of NVML reads on the node: the driver (the library's version), the CUDA version the driver
+# reports, the NVML version, the GPUs; an NVML error (a driver/library mismatch, no driver) as such
+NVML_READ = (
+    "import json, pynvml\n"
+    "try:\n"
+    "    pynvml.nvmlInit()\n"
+    "except pynvml.NVMLError as error:\n"
+    "    print(json.dumps({'error': str(error)}))\n"
+    "    raise SystemExit(0)\n"
+    "try:\n"
+    "    print(json.dumps({'driver': pynvml.nvmlSystemGetDriverVersion(),\n"
+    "                      'cuda': pynvml.nvmlSystemGetCudaDriverVersion(),\n"
+    "                      'nvml': pynvml.nvmlSystemGetNVMLVersion(),\n"
+    "                      'gpus': pynvml.nvmlDeviceGetCount()}))\n"
+    "finally:\n"
+    "    pynvml.nvmlShutdown()\n"
+)
+
+
+def nvml(node: str = NODE) -> dict[str, Any]:
+    """NVML on the node, through the pynvml the product's GPU modules respawn into."""
+    return dict(json.loads(sh(node, f"{NVML_PYTHON} -c {shlex.quote(NVML_READ)}")))
+
+
+def runs(version: str) -> dict[str, Any]:
+    """What NVML reports of a node running driver VERSION with every GPU."""
+    return {
+        "driver": version,
+        "cuda": CUDA[version],
+        "nvml": f"{CUDA[version] // 1000}.{version}",
+        "gpus": GPUS,
+    }
+
+
+def held(node: str = NODE) -> list[str]:
+    return sorted(sh(node, "apt-mark showhold").split())
+
+
+def installed_of_branch(branch: str, node: str = NODE) -> list[str]:
+    """The driver packages of BRANCH dpkg has on the node in any state but not-installed (removed ones whose
+    configuration is left count too: the role purges)."""
+    rows = sh(node, "dpkg-query -W -f '${Package} ${db:Status-Status}\\n'").splitlines()
+    pattern = branch_pattern(branch)
+    return sorted(
+        name
+        for name, status in (row.split() for row in rows)
+        if status != "not-installed" and pattern.match(name)
+    )
+
+
+def node_object() -> dict[str, Any]:
+    return dict(kube_json(f"get node {NODE}"))
+
+
+def annotations(node: dict[str, Any]) -> dict[str, str]:
+    return dict(node["metadata"].get("annotations") or {})
+
+
+def pod_ready(pod: dict[str, Any]) -> bool:
+    conditions = pod.get("status", {}).get("conditions") or []
+    return not pod["metadata"].get("deletionTimestamp") and any(
+        c["type"] == "Ready" and c["status"] == "True" for c in conditions
+    )
+
+
+def gpu_client_pods() -> dict[str, dict[str, Any]]:
+    """namespace/DaemonSet -> its pod on the node, for the GPU DaemonSets"""
+    found = {}
+    live_here = f"--field-selector=spec.nodeName={NODE},status.phase!=Failed,status.phase!=Succeeded"
+    for pod in kube_json(f"get pods -A {live_here}")["items"]:
+        owner = (pod["metadata"].get("ownerReferences") or [{}])[0].get("name")
+        key = f"{pod['metadata']['namespace']}/{owner}"
+        if key in GPU_DAEMONSETS:
+            found[key] = pod
+    return found
+
+
+def gpu_clients_missing() -> list[str]:
+    """What of the cluster's own GPU clients is not back on the node (empty: all of it)."""
+    missing = []
+    if sh(NODE, f"systemctl is-active {AGENT_UNIT} || true").strip() != "active":
+        missing.append(f"unit {AGENT_UNIT} not active")
+    pods = gpu_client_pods()
+    missing += [
+        f"no Ready pod of {key}" for key in GPU_DAEMONSETS if not (key in pods and pod_ready(pods[key]))
+    ]
+    plugin = kube_json(f"get pods -A -l {PLUGIN_SELECTOR} --field-selector spec.nodeName={NODE}")["items"]
+    if not any(p["status"].get("phase") == "Running" for p in plugin):
+        missing.append("no device plugin pod Running")
+    node = node_object()
+    labels = node["metadata"].get("labels") or {}
+    if any(labels.get(k) != v for k, v in GPU_LABEL.items()):
+        missing.append(f"node label {GPU_LABEL} missing")
+    offered = (
+        node["status"].get("allocatable", {}).get(GPU_RESOURCE),
+        node["status"].get("capacity", {}).get(GPU_RESOURCE),
+    )
+    if offered != (str(GPUS), str(GPUS)):
+        missing.append(f"{GPU_RESOURCE} allocatable/capacity {offered}, not {GPUS}")
+    if on_node(NODE, f"test -e {CLIENTS_RECORD}").returncode == 0:
+        missing.append(f"{CLIENTS_RECORD} left (clients recorded as stopped)")
+    return missing
+
+
+def serving_whole() -> str | None:
+    """None when the gateway's Deployment and the model's StatefulSet have every replica ready; else which
+    not."""
+    gateway = kube_json(f"-n {SERVING} get deployment {GATEWAY}")
+    model = kube_json(f"-n {SERVING} get statefulset {MODEL['name']}")
+    short = [
+        f"{kind} {name}: {obj['status'].get('readyReplicas', 0)} of {obj['spec']['replicas']} ready"
+        for kind, name, obj in (("Deployment", GATEWAY, gateway), ("StatefulSet", MODEL["name"], model))
+        if obj["status"].get("readyReplicas", 0) != obj["spec"]["replicas"]
+    ]
+    return "; ".join(short) or None
+
+
+def placement() -> dict[str, list[str]]:
+    """The nodes each serving workload's pods run on (printed: what the drain had to move)."""
+    found: dict[str, list[str]] = {}
+    for pod in kube_json(f"-n {SERVING} get pods {LIVE_PODS}")["items"]:
+        name = pod["metadata"]["labels"].get("app.kubernetes.io/name", "?")
+        found.setdefault(name, []).append(pod["spec"].get("nodeName", "-"))
+    return {name: sorted(nodes) for name, nodes in found.items()}
+
+
+def expected_plan(was: tuple[str, str], to: tuple[str, str]) -> str:
+    """The plan line upgrade-driver.yml prints for the node, with the lab's nvidia_driver_reboot (false)."""
+    assert LAB_GPU_VARS["nvidia_driver_reboot"] is False
+    return (
+        f"{NODE} (1 of 1): driver {was[1]} -> {to[1]} (branch {was[0]} -> {to[0]}): cordon, drain, stop the "
+        f"GPU clients of the cluster, install and hold the {to[0]} packages, remove the {was[0]} ones, no "
+        f"reboot (nvidia_driver_reboot is false: {REBOOT_MARKER} is left; the kernel modules are reloaded "
+        "where nothing holds the GPUs), verify through NVML (version, GPUs, GPU settings), check the CUDA of "
+        "the vLLM image, uncordon"
+    )
+
+
+# ------------------------------------------------------------------------------------------ in the background
+class Traffic:
+    """Chat completions to the gateway's NodePort of every node in turn, one at a time, each on a new
+    connection (urllib keeps none alive), from a thread, while the upgrade runs. A request fails when it gets
+    no answer (refused, reset, timed out), an HTTP error, the gateway's fallback (no upstream answered) or an
+    answer without choices; each failure is kept with its time and target."""
+
+    def __init__(self, addresses: list[str], node_port: int) -> None:
+        self.urls = [f"http://{address}:{node_port}/v1/chat/completions" for address in addresses]
+        self.token = jwt.encode(
+            {"sub": "lab-driver-upgrade", "exp": int(time.time()) + 7200}, JWT_SECRET, algorithm="HS256"
+        )
+        self.body = json.dumps(
+            {
+                "model": MODEL.get("served_model_name", MODEL["name"]),
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 4,
+            }
+        ).encode()
+        self.sent = 0
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="chat-traffic", daemon=True)
+        self._began = 0.0
+
+    def ask(self, url: str) -> str | None:
+        """None when the model answered; else what went wrong."""
+        request = urllib.request.Request(
+            url,
+            data=self.body,
+            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as answer:
+                headers = {k.lower(): v for k, v in answer.headers.items()}
+                document = json.loads(answer.read())
+        except urllib.error.HTTPError as error:
+            return f"HTTP {error.code}: {error.read()[:200]!r}"
+        except (
+            OSError,
+            http.client.HTTPException,
+            ValueError,
+        ) as error:  # refused, reset, timeout, cut short
+            return f"{type(error).__name__}: {error}"
+        if "x-llm-gateway-fallback" in headers:
+            return f"the gateway's fallback ({headers['x-llm-gateway-fallback']})"
+        if not document.get("choices"):
+            return f"an answer without choices: {str(document)[:200]}"
+        return None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            url = self.urls[self.sent % len(self.urls)]
+            what = self.ask(url)
+            self.sent += 1
+            if what is not None:
+                self.failures.append(f"{time.monotonic() - self._began:7.1f} s {url}: {what}")
+            self._stop.wait(REQUEST_PAUSE_S)
+
+    def __enter__(self) -> Traffic:
+        self._began = time.monotonic()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(REQUEST_TIMEOUT_S + 5)
+
+
+class NodeWatch:
+    """The Node as the API has it every few seconds, while the upgrade runs: what its cordon and its GPU node
+    label went through (the playbook's steps a and b, seen from the cluster)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[bool, str, bool]] = []  # (unschedulable, this playbook's annotation, GPU label)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="node-watch", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            done = on_node(CONTROL_PLANE, f"{ADMIN_KUBECTL} get node {NODE} -o json", timeout=60)
+            if done.returncode == 0:
+                node = json.loads(done.stdout)
+                labels = node["metadata"].get("labels") or {}
+                self.seen.append(
+                    (
+                        bool((node.get("spec") or {}).get("unschedulable")),
+                        annotations(node).get(OWN_ANNOTATION, ""),
+                        all(labels.get(k) == v for k, v in GPU_LABEL.items()),
+                    )
+                )
+            self._stop.wait(WATCH_S)
+
+    def __enter__(self) -> NodeWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+
+# ---------------------------------------------------------------------------------------------- the fixtures
+@pytest.fixture(scope="module")
+def lab() -> None:
+    if not set(running_nodes()) >= set(NODES):
+        pytest.skip("the lab is not running (make lab-up)")
+    if on_node(CONTROL_PLANE, "test -s /etc/kubernetes/admin.conf").returncode != 0:
+        pytest.fail("no cluster on gpu-node-1: converge the lab first (make lab)")
+    # the fake NVML whose CUDA version follows the driver's branch: this checkout's (make lab-up copies it)
+    want = hashlib.sha256((ROOT / "tests/lab/fake_nvml/fake_nvml_ctl.py").read_bytes()).hexdigest()
+    have = sh(NODE, "sha256sum /usr/local/lib/fake-nvml/fake_nvml_ctl.py").split()[0]
+    if have != want:
+        pytest.fail(
+            f"{NODE}'s fake NVML (/usr/local/lib/fake-nvml/fake_nvml_ctl.py) is not this checkout's: "
+            "make lab-up"
+        )
+    cordoned = [
+        n["metadata"]["name"]
+        for n in kube_json("get nodes")["items"]
+        if (n.get("spec") or {}).get("unschedulable")
+    ]
+    assert not cordoned, (
+        f"the lab must start with every node schedulable (the breaker counts them): {cordoned}"
+    )
+
+
+def put_back(had_marker: bool) -> None:
+    """gpu-node-2 back on 535.183.06 whatever the test left: the runbook's undo (the same playbook with the
+    values back and allow_downgrade). Before it, what upgrade-driver.yml refuses to start from, fixed as its
+    refusal says: a driver/library mismatch (a run stopped between the packages and the module reload) by
+    remediate/driver-mismatch.yml, no driver at all (stopped between the old branch's removal and the new
+    one's install) by the GPU stage (gpu.yml, the lab's values: 535.183.06). After it, what a run stopped
+    half-way leaves, undone as the runbook says (this playbook's cordon, the GPU clients stopped). The node is
+    given back to the cluster only with its driver answering."""
+    errors = []
+    broken = nvml().get("error")
+    if broken:
+        fix = (
+            "playbooks/remediate/driver-mismatch.yml" if "mismatch" in broken.lower() else "playbooks/gpu.yml"
+        )
+        fixed = playbook(fix, "-l", NODE)
+        print(f"\nNVML on {NODE}: {broken}; {fix}: rc {fixed.rc}")
+        if fixed.rc != 0:
+            errors.append(f"{fix} -l {NODE}:\n{fixed.tail(3000)}")
+    back = upgrade(*BACK_TO_535)
+    print(f"\nback to {FROM[1]}: rc {back.rc}, changed {back.changed()}")
+    if back.rc != 0:
+        errors.append(f"upgrade-driver.yml back to {FROM[1]}:\n{back.tail(4000)}")
+    now = nvml()
+    if now.get("driver") == FROM[1]:
+        node = node_object()
+        if OWN_ANNOTATION in annotations(node):  # the undo of a run stopped after its cordon
+            if (node.get("spec") or {}).get("unschedulable"):
+                kubectl(f"uncordon {NODE}")
+            kubectl(f"annotate node {NODE} {OWN_ANNOTATION}-")
+        # the GPU clients a run that died left stopped (its record on the node)
+        if on_node(NODE, f"test -e {CLIENTS_RECORD}").returncode == 0:
+            labels = " ".join(f"{k}={v}" for k, v in GPU_LABEL.items())
+            kubectl(f"label node {NODE} --overwrite {labels}")
+            sh(NODE, f"systemctl start {AGENT_UNIT} && rm -f {CLIENTS_RECORD}")
+        try:
+            wait_for(
+                f"the GPU clients back on {NODE}", lambda: not gpu_clients_missing(), PLUGIN_POD_START_S * 2
+            )
+        except AssertionError as error:
+            errors.append(f"{error}: {gpu_clients_missing()}")
+    else:
+        errors.append(f"NVML on {NODE} after the way back: {now} (left cordoned, as the playbook leaves it)")
+    if not had_marker:
+        on_node(NODE, f"rm -f {REBOOT_MARKER}")
+    try:
+        wait_for("serving whole again", lambda: serving_whole() is None, 2 * POD_START_S)
+    except AssertionError as error:
+        errors.append(f"{error}: {serving_whole()}")
+    assert not errors, "\n".join(errors)
+    assert nvml() == runs(FROM[1])
+    assert installed_of_branch(TO[0]) == [], f"{TO[0]} driver packages left on {NODE}"
+    assert not (node_object().get("spec") or {}).get("unschedulable"), f"{NODE} left cordoned"
+
+
+@pytest.fixture
+def node_put_back(lab: None) -> Iterator[None]:
+    had_marker = on_node(NODE, f"test -e {REBOOT_MARKER}").returncode == 0
+    try:
+        yield
+    finally:
+        put_back(had_marker)
+
+
+# ------------------------------------------------------------------------------------------------- the test
+def test_gpu_node_2_moves_to_580_under_traffic_one_node_then_back(node_put_back: None) -> None:
+    # 1. before
+    assert nvml() == runs(FROM[1])
+    held_before = held()
+    assert {f"nvidia-headless-{FROM[0]}", f"nvidia-utils-{FROM[0]}"} <= set(held_before), held_before
+    assert serving_whole() is None, serving_whole()
+    gateway_replicas = kube_json(f"-n {SERVING} get deployment {GATEWAY}")["spec"]["replicas"]
+    assert gateway_replicas >= 2, f"the gateway runs {gateway_replicas} replica(s): a drain would stop it"
+    assert not gpu_clients_missing(), gpu_clients_missing()
+    clients_before = gpu_client_pods()
+    print(f"\nserving pods before, by node: {placement()}")
+
+    # 2. the plan, and nothing changed
+    check = upgrade(*TO_580, "--check")
+    assert check.rc == 0, check.tail()
+    out = flat(check.output)
+    assert (
+        "NVIDIA driver upgrade, one node at a time, in this order (the breaker allows 1 GPU node(s) out at "
+        "once; cordoned by others now: none):"
+    ) in out, check.tail()
+    assert expected_plan(FROM, TO) in out, check.tail()
+    assert "Note: R535 is past its end of life (June 2026); R580 is the supported upgrade path" in out
+    assert "Check mode: nothing was changed; run without --check to upgrade." in out
+    assert check.changed_nothing() and NODE in check.recap, check.changed_tasks()
+    assert nvml() == runs(FROM[1]) and held() == held_before
+    node = node_object()
+    assert not (node.get("spec") or {}).get("unschedulable") and OWN_ANNOTATION not in annotations(node)
+
+    # 3. the upgrade, under traffic
+    (node_port,) = [p["nodePort"] for p in kube_json(f"-n {SERVING} get service {GATEWAY}")["spec"]["ports"]]
+    addresses = sorted(
+        a["address"]
+        for n in kube_json("get nodes")["items"]
+        for a in n["status"]["addresses"]
+        if a["type"] == "InternalIP"
+    )
+    began = time.time()
+    with Traffic(addresses, node_port) as traffic, NodeWatch() as watch:
+        run = upgrade(*TO_580)
+    print(
+        f"upgrade: rc {run.rc}, {time.time() - began:.0f} s; chat completions sent {traffic.sent}, "
+        f"failed {len(traffic.failures)}" + "".join(f"\n  {f}" for f in traffic.failures)
+    )
+    print(f"serving pods after, by node: {placement()}")
+    assert run.rc == 0, run.tail()
+    assert run.changed()[NODE] > 0
+    out = flat(run.output)
+    assert (
+        f"{NODE}: driver {FROM[1]} -> {TO[1]}, verified through NVML, not rebooted: {REBOOT_MARKER} is left "
+        "(nvidia_driver_reboot is false), uncordoned."
+    ) in out, run.tail()
+    # the cluster's own GPU clients stopped for the driver work and started again, named
+    stopping = ", ".join(
+        f"{key.split('/')[0]}/{clients_before[key]['metadata']['name']}" for key in GPU_DAEMONSETS
+    )
+    label = ", ".join(GPU_LABEL)
+    assert (
+        f"Stopping the cluster's own GPU clients on {NODE} for the driver work, started again afterwards: "
+        f"unit {AGENT_UNIT}.service; node label {label} removed, so the pods of the GPU DaemonSets leave: "
+        f"{stopping}."
+    ) in out, run.tail()
+    assert (
+        f"Started again the cluster's own GPU clients on {NODE}: unit {AGENT_UNIT}.service, "
+        + ", ".join(f"DaemonSet {key}" for key in GPU_DAEMONSETS)
+        + f" (node label {label} back)."
+    ) in out, run.tail()
+    # seen from the cluster meanwhile: cordoned with this playbook's mark, then out of the GPU node label
+    assert any(
+        cordoned and mark.startswith("cordoned by upgrade-driver.yml for the driver-upgrade at ")
+        for cordoned, mark, _ in watch.seen
+    ), watch.seen
+    assert any(cordoned and not labelled for cordoned, _, labelled in watch.seen), watch.seen
+
+    # 4. after
+    assert nvml() == runs(TO[1])  # 580.95.05, CUDA 13000, NVML 13.580.95.05, every GPU
+    state = json.loads(sh(NODE, "fake-nvml show --json"))
+    assert (state["kernel_module_version"], state["cuda_driver_version"]) == (TO[1], CUDA[TO[1]])
+    driver_holds = [name for name in held() if ANY_BRANCH.match(name)]
+    assert {f"nvidia-headless-{TO[0]}", f"nvidia-utils-{TO[0]}"} <= set(driver_holds), driver_holds
+    assert [name for name in driver_holds if not branch_pattern(TO[0]).match(name)] == [], driver_holds
+    assert installed_of_branch(FROM[0]) == [], f"{FROM[0]} driver packages left"
+    pin = sh(NODE, f"cat {PIN_FILE}")
+    assert f"NVIDIA driver {TO[0]} pinned to {TO[1]}" in pin and f"Pin: version {TO[1]}-*" in pin, pin
+    (package_line,) = [line for line in pin.splitlines() if line.startswith("Package: /")]
+    assert f"-{TO[0]}(" in package_line and FROM[0] not in package_line, package_line
+    assert on_node(NODE, f"test -e {REBOOT_MARKER}").returncode == 0, f"{REBOOT_MARKER} missing"
+    wait_for(f"the GPU clients back on {NODE}", lambda: not gpu_clients_missing(), PLUGIN_POD_START_S)
+    node = node_object()
+    assert not (node.get("spec") or {}).get("unschedulable"), f"{NODE} left cordoned"
+    marks = annotations(node)
+    assert OWN_ANNOTATION not in marks and AGENT_CORDON not in marks, marks
+    history = json.loads(marks.get(AGENT_HISTORY, "[]"))
+    assert history and history[-1]["action"] == "driver-upgrade" and history[-1]["by"] == "upgrade-driver.yml"
+
+    again = upgrade(*TO_580, "--check")
+    assert again.rc == 0, again.tail()
+    out = flat(again.output)
+    assert "Nothing to do: every node of the run runs its nvidia_driver_version." in out, again.tail()
+    assert f"{NODE} (1 of 1): driver {TO[1]} already: nothing" in out, again.tail()
+    assert again.changed_nothing() and NODE in again.recap, again.changed_tasks()
+
+    # Every request answered by the model: the drain takes at most one gateway pod (its budget keeps one
+    # Ready) and one model replica (the other serves), and the gateway and kube-proxy stop sending to a pod
+    # once it is terminating. A failure here at the drain, refused or the fallback's "unreachable", would be a
+    # pod that stopped listening at SIGTERM before kube-proxy took its endpoint out (neither the gateway's
+    # Deployment nor the model's StatefulSet has a preStop delay): a serving defect the upgrade shows, not one
+    # to tolerate here.
+    assert traffic.sent > 0
+    assert traffic.failures == [], f"{len(traffic.failures)} of {traffic.sent} requests failed"
