@@ -21,6 +21,7 @@ import shlex
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -345,3 +346,15 @@ def background_playbook(path: str, *extra: str, inventory: str = LAB_INVENTORY) 
         text=True,
         env=env(json_callback=True),
     )
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout_s: float, poll_s: float = 1) -> Any:
+    """check() until it returns something true, at most timeout_s (then fails naming `what`); returns that."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s:.0f} s: {what}")
+        time.sleep(poll_s)

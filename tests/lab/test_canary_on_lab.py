@@ -44,7 +44,7 @@ import shlex
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -54,7 +54,7 @@ import jwt
 import openai
 import pytest
 import yaml
-from labrun import ADMIN_KUBECTL, LIVE_PODS, NODES, ROOT, on_node, playbook, running_nodes
+from labrun import ADMIN_KUBECTL, LIVE_PODS, NODES, ROOT, on_node, playbook, running_nodes, wait_for
 
 pytestmark = pytest.mark.lab
 
@@ -96,18 +96,6 @@ def kube_object(args: str) -> dict[str, Any] | None:
         return None
     assert done.returncode == 0, f"kubectl {args}: {done.stderr}"
     return dict(json.loads(done.stdout))
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout_s: float, poll_s: float = POLL_S) -> Any:
-    """check() until it returns something true, at most timeout_s; returns that."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s:.0f} s: {what}")
-        time.sleep(poll_s)
 
 
 def go_duration(text: str) -> float:

@@ -43,7 +43,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import jwt
@@ -62,6 +62,7 @@ from labrun import (
     on_node,
     playbook,
     running_nodes,
+    wait_for,
 )
 from unit.role_render import RoleVars
 
@@ -119,7 +120,6 @@ MODEL = LAB_K8S_VARS["vllm_serving_models"][0]
 JWT_SECRET = LAB_K8S_VARS["llm_gateway_jwt_secret"]
 
 # Bounds, each over the setting it waits on, for these machines (two shared cores, nested containers)
-POLL_S = 2
 PLUGIN_POD_START_S = 60  # a new device plugin pod registered and its GPUs in the Node's status (every 10 s)
 POD_START_S = 120  # a pod scheduled, its image pulled from the lab's registry, started, its probes passing
 REQUEST_TIMEOUT_S = 30
@@ -142,18 +142,6 @@ def kube_json(args: str) -> Any:
 
 def kubectl(args: str) -> None:
     sh(CONTROL_PLANE, f"{ADMIN_KUBECTL} {args}")
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout_s: float) -> Any:
-    """check() until it returns something true, at most timeout_s; returns that."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s:.0f} s: {what}")
-        time.sleep(POLL_S)
 
 
 def flat(text: str) -> str:

@@ -40,7 +40,7 @@ import subprocess
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -59,6 +59,7 @@ from labrun import (
     on_node,
     podman,
     running_nodes,
+    wait_for,
 )
 
 pytestmark = pytest.mark.lab
@@ -103,18 +104,6 @@ def sh(node: str, command: str, timeout: int = 120) -> str:
     done = on_node(node, command, timeout=timeout)
     assert done.returncode == 0, f"{node}: {command}: {done.stdout}{done.stderr}"
     return done.stdout
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout_s: float) -> Any:
-    """check() until it returns something true, at most timeout_s; returns that."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s:.0f} s: {what}")
-        time.sleep(POLL_S)
 
 
 def go_duration(text: str) -> float:

@@ -194,6 +194,11 @@ def nvml_reports() -> tuple[str, int, int, str]:
         pynvml.nvmlShutdown()
 
 
+def init_args(node: FakeNode, version: str) -> list[str]:
+    """`fake-nvml init` of the node's shape and host, its kernel module at `version` (replacing its state)."""
+    return ["init", "--shape", node.shape, "--host", node.host, "--force", "--kernel-version", version]
+
+
 def library_is(node: FakeNode, version: str) -> None:
     """The driver's user-space library at VERSION (its package installed), the kernel module left as it is."""
     node.library_path.write_text(f"# lab stand-in\nversion={version}\n")
@@ -209,16 +214,7 @@ def test_nvml_reports_the_cuda_and_nvml_versions_of_the_loaded_drivers_branch(
     it."""
     want = (version, cuda, nvml_version)
     assert reported(fake_nvml_ctl.build_state(pcie_node.shape, pcie_node.host, version)) == want
-    init = [
-        "init",
-        "--shape",
-        pcie_node.shape,
-        "--host",
-        pcie_node.host,
-        "--force",
-        "--kernel-version",
-        version,
-    ]
+    init = init_args(pcie_node, version)
     assert pcie_node.ctl(*init) == 0
     assert reported(pcie_node.state()) == want
 
@@ -243,16 +239,7 @@ def test_a_driver_of_a_branch_the_table_lacks_is_refused(
     assert repr(version) in message and "known branches: 535, 550, 580" in message, message
     before = pcie_node.state()
     capsys.readouterr()
-    init = [
-        "init",
-        "--shape",
-        pcie_node.shape,
-        "--host",
-        pcie_node.host,
-        "--force",
-        "--kernel-version",
-        version,
-    ]
+    init = init_args(pcie_node, version)
     library_is(pcie_node, version)  # for the reset (a reboot loads the installed library's driver)
     for args in (init, ["kernel-version", version], ["reset"]):
         assert pcie_node.ctl(*args) == 1, args
