@@ -418,7 +418,7 @@ def lab() -> None:
     )
 
 
-def put_back(had_marker: bool) -> None:
+def put_back(had_marker: bool, history: str | None) -> None:
     """gpu-node-2 back on 535.183.06 whatever the test left: the runbook's undo (the same playbook with the
     values back and allow_downgrade). Before it, what upgrade-driver.yml refuses to start from, fixed as its
     refusal says: a driver/library mismatch (a run stopped between the packages and the module reload) by
@@ -462,6 +462,11 @@ def put_back(had_marker: bool) -> None:
         errors.append(f"NVML on {NODE} after the way back: {now} (left cordoned, as the playbook leaves it)")
     if not had_marker:
         on_node(NODE, f"rm -f {REBOOT_MARKER}")
+    # the Node's cordon history as found: the tests after this one read it from its start
+    if history is None:
+        kubectl(f"annotate node {NODE} {AGENT_HISTORY}-")
+    else:
+        kubectl(f"annotate node {NODE} --overwrite {AGENT_HISTORY}={shlex.quote(history)}")
     try:
         wait_for("serving whole again", lambda: serving_whole() is None, 2 * POD_START_S)
     except AssertionError as error:
@@ -475,10 +480,11 @@ def put_back(had_marker: bool) -> None:
 @pytest.fixture
 def node_put_back(lab: None) -> Iterator[None]:
     had_marker = on_node(NODE, f"test -e {REBOOT_MARKER}").returncode == 0
+    history = annotations(node_object()).get(AGENT_HISTORY)
     try:
         yield
     finally:
-        put_back(had_marker)
+        put_back(had_marker, history)
 
 
 # ------------------------------------------------------------------------------------------------- the test

@@ -104,6 +104,10 @@ def lab_state() -> Iterator[None]:
         assert saved.returncode == 0, saved.stderr
     # a cordon the agent made for a fault an earlier test injected is taken back; anyone else's stops the test
     take_back_agent_cordons()
+    # the tests read the Nodes' cordon history from its start: what earlier runs left (a driver upgrade's
+    # entries) goes
+    for node in NODES:
+        kubectl(f"annotate node {node} {HISTORY}-")
     for node in NODES:
         assert "gpu_health_agent_polls_total" in metrics(node), (
             f"{node}: the GPU health agent does not answer"
