@@ -61,13 +61,13 @@ LONG_LAB_TESTS: dict[str, str] = {
         "test_model_rollout.py and test_gpu_rollout.py the rollout's plan and refusals"
     ),
     "test_day2_on_lab.py::test_a_restore_brings_back_what_was_deleted_and_corrupted": (
-        "8 min (the real kubelet restarts the static Pods slowly); in make test: test_etcd_backup.py "
-        "restores a snapshot into a real etcd behind a real API server, test_etcd_restore_playbook.py the "
-        "refusals and --check"
+        "1 min 19 s on 2026-12-05 (the control plane stopped and started again); in make test: "
+        "test_etcd_backup.py restores a snapshot into a real etcd behind a real API server, "
+        "test_etcd_restore_playbook.py the refusals and --check"
     ),
     "test_day2_on_lab.py::test_short_certificates_are_reported_then_renewed": (
-        "8 min (static Pods as above); in make test: test_renew_certs_playbook.py the plan and --check, "
-        "test_kubernetes_verify.py the expiry line; the renewal itself only here"
+        "1 min 29 s on 2026-12-05 (static Pods as above); in make test: test_renew_certs_playbook.py the "
+        "plan and --check, test_kubernetes_verify.py the expiry line; the renewal itself only here"
     ),
     "test_kubernetes_stage_on_lab.py": (
         "15 min (the stage run four times: again on the converged lab, a worker reset and joined again, a "
@@ -121,24 +121,7 @@ LONG_LAB_TESTS: dict[str, str] = {
 # Lab tests that failed on the real cluster in the last full run and are not fixed yet: each says what was
 # seen. They are not run (xfail, run=False: reported as x, never green) until the defect named is fixed; the
 # list is the to-do list, and docs/benchmarks.md's last full run names them too.
-FAILING_LAB_TESTS: dict[str, str] = {
-    "test_day2_on_lab.py::test_a_restore_brings_back_what_was_deleted_and_corrupted": (
-        "2026-12-05, on a lab whose nodes were just recreated (each node's own name=systemd cgroup): the "
-        "playbook moved the control plane's static Pod manifests aside and back and restarted the kubelet, "
-        "then its wait for the four control-plane containers (tasks/static-pods-start.yml, 600 s) ran out "
-        "(702 s). crictl on the node showed them running again about 4 minutes after the next kubelet "
-        "restart, so the wait may miss containers that do run; not understood yet. The lab came back by "
-        "itself (3 Ready nodes). Passed on 2026-12-02"
-    ),
-    "test_day2_on_lab.py::test_short_certificates_are_reported_then_renewed": (
-        "2026-12-05, on a lab whose nodes were just recreated (each node's own name=systemd cgroup): the "
-        "playbook moved the control plane's static Pod manifests aside and back and restarted the kubelet, "
-        "then its wait for the four control-plane containers (tasks/static-pods-start.yml, 600 s) ran out "
-        "(676 s). crictl on the node showed them running again about 4 minutes after the next kubelet "
-        "restart, so the wait may miss containers that do run; not understood yet. The lab came back by "
-        "itself (3 Ready nodes). Passed on 2026-12-02"
-    ),
-}
+FAILING_LAB_TESTS: dict[str, str] = {}
 
 
 def _long_reason(item: pytest.Item) -> str | None:
