@@ -85,6 +85,10 @@ LONG_LAB_TESTS: dict[str, str] = {
         "9.5 min (the models stage five times: bad variants, a push killed half-way); in make test: the "
         "models stage of test_site_on_lab.py's site runs, the gates in tests/unit (test_model_*)"
     ),
+    "test_remove_node_on_lab.py": (
+        "8 min (gpu-node-3 removed by remove-node.yml, then joined again by a whole site run); in make test: "
+        "test_remove_node_playbook.py the plan, the refusals and --check"
+    ),
     "test_site_on_lab.py::test_a_replaced_worker_is_recreated_converged_and_joined": (
         "10 min (a worker converged from an empty disk and joined); in make test: test_site_on_lab.py's "
         "repair (the control plane stopped, the workers' processes killed) and its three site runs"

@@ -235,6 +235,8 @@ def test_check_on_an_unreachable_node_names_the_commands_for_its_kube_proxy_mode
         "kubeadm reset -f",
         "systemctl disable --now kubelet",
         "find /etc/cni/net.d -mindepth 1 -delete",
+        # the pod network's interfaces, which keep the node's old pod CIDR (a node joined again gets another)
+        'for link in cni0 kube-bridge vxlan.calico vxlan-v6.calico flannel.1; do ip link show "$link"',
         "nft delete table ip kube-proxy",
         "nft delete table ip6 kube-proxy",
     ):
