@@ -259,6 +259,27 @@ def test_a_branch_change_removes_what_is_left_of_the_old_branch_and_nothing_else
     assert role(ansible_facts=same)["__nvidia_driver_other_branch_packages"] == []
 
 
+def test_check_mode_reports_a_branch_change_instead_of_simulating_its_install() -> None:
+    """gpu.yml --check with a new branch on a node of the old one: the removal of the old branch is only
+    simulated, so apt's simulated install would still find the old packages held and refuse the new set
+    (test below); the role reports the install instead (install-driver-packages.yml). A real run, and
+    --check on a node of the branch it runs, still let apt install or simulate it."""
+    installed = ["nvidia-headless-535", "libnvidia-compute-535", "nvidia-utils-535"]
+    facts = {"kernel": KERNEL, "packages": {name: [{"version": "1"}] for name in installed}}
+    to_580 = {"nvidia_driver_branch": "580", "nvidia_driver_version": R580, "ansible_facts": facts}
+    assert role(ansible_check_mode=True, **to_580)["__nvidia_driver_install_pending"] is True
+    assert role(ansible_check_mode=False, **to_580)["__nvidia_driver_install_pending"] is False
+    assert role(ansible_check_mode=True, ansible_facts=facts)["__nvidia_driver_install_pending"] is False
+    tasks = yaml.safe_load((ROLE_TASKS / "install-driver-packages.yml").read_text())
+    by_name = {task["name"]: task for task in tasks}
+    assert by_name["Install the packages of driver {{ nvidia_driver_version }}"]["when"] == (
+        "not __nvidia_driver_install_pending"
+    )
+    assert by_name["Report that check mode would install driver {{ nvidia_driver_version }}"]["when"] == (
+        "__nvidia_driver_install_pending"
+    )
+
+
 # the options of the role's apt tasks (ansible.builtin.apt with allow_downgrade, allow_change_held_packages
 # and install_recommends false; purge for the removal), as the apt module passes them to apt-get
 APT_MODULE_OPTIONS = (
