@@ -125,6 +125,14 @@ def test_probes_image_and_ports(rendered: dict[str, Any]) -> None:
     assert "value" not in env["GATEWAY_JWT_SECRET"]
 
 
+def test_a_stopping_pod_keeps_serving_until_kube_proxy_dropped_it(rendered: dict[str, Any]) -> None:
+    """A drain or rolling update: the pod sleeps before SIGTERM (preStop sleep action, GA in 1.34) while
+    every node's kube-proxy takes it out of the NodePort's endpoints, within the grace period."""
+    pod = deployment(rendered["canary"])["spec"]["template"]["spec"]
+    sleep = pod["containers"][0]["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert 0 < sleep < pod["terminationGracePeriodSeconds"], pod
+
+
 def test_nodeport_pdb_and_scrape_annotations(rendered: dict[str, Any]) -> None:
     found = objects(rendered)
     service = found["Service/llm-gateway"]["spec"]
@@ -319,10 +327,15 @@ def validate(tmp_path: Path, **variables: Any) -> subprocess.CompletedProcess[st
             {"serving_network_policy_vllm_extra_egress": [{"name": "x", "cidr": "10.0.0.1/8", "ports": [0]}]},
             "serving_network_policy_vllm_extra_egress[0]",
         ),
+        (
+            {"llm_gateway_prestop_sleep_s": 30},
+            "llm_gateway_prestop_sleep_s must be 0 or more seconds and below the pods' termination grace period"
+            " (30 s)",
+        ),
     ],
     ids=["no-digest", "short-digest", "short-secret", "nodeport", "pdb", "settings", "memory", "memory-4GB",
          "cpu-2-cores", "namespace", "tag-label", "model-name", "prometheus-labels", "dns-labels",
-         "egress-pod-labels", "egress-cidr", "no-models", "egress-no-target", "egress-port"],
+         "egress-pod-labels", "egress-cidr", "no-models", "egress-no-target", "egress-port", "prestop-sleep"],
 )  # fmt: skip
 def test_bad_input_is_refused_naming_the_variable(
     tmp_path: Path, variables: dict[str, Any], says: str
