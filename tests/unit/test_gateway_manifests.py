@@ -329,8 +329,8 @@ def validate(tmp_path: Path, **variables: Any) -> subprocess.CompletedProcess[st
         ),
         (
             {"llm_gateway_prestop_sleep_s": 30},
-            "llm_gateway_prestop_sleep_s must be 0 or more seconds and below the pods' termination grace period"
-            " (30 s)",
+            "llm_gateway_prestop_sleep_s must be 0 or more seconds and below the pods' termination grace"
+            " period (30 s)",
         ),
     ],
     ids=["no-digest", "short-digest", "short-secret", "nodeport", "pdb", "settings", "memory", "memory-4GB",
