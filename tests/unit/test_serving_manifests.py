@@ -319,6 +319,11 @@ def test_dev_shm_is_sized_for_the_ray_object_store_and_below_the_memory_limit(
             "vllm_serving_models[0]",
             "keys must be among",
         ),
+        (
+            {"vllm_serving_prestop_sleep_s": 60},
+            "vllm_serving_prestop_sleep_s",
+            "below the replicas' termination",
+        ),
     ],
     ids=[
         "no-digest",
@@ -338,6 +343,7 @@ def test_dev_shm_is_sized_for_the_ray_object_store_and_below_the_memory_limit(
         "no-version",
         "version-current",
         "unknown-key",
+        "prestop-sleep",
     ],
 )
 def test_bad_input_is_refused_naming_the_variable(
@@ -347,6 +353,14 @@ def test_bad_input_is_refused_naming_the_variable(
     assert result.returncode != 0
     out = " ".join(result.stdout.split())
     assert named in out and says in out, out[-2000:]
+
+
+def test_a_stopping_replica_keeps_serving_until_kube_proxy_dropped_it(statefulset: dict[str, Any]) -> None:
+    """A drain or rolling update: the replica sleeps before SIGTERM (preStop sleep action, GA in 1.34) while
+    the gateways' kube-proxy takes it out of the model's Service, within the grace period."""
+    pod = statefulset["spec"]["template"]["spec"]
+    sleep = pod["containers"][0]["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert 0 < sleep < pod["terminationGracePeriodSeconds"], pod
 
 
 def test_the_version_defaults_to_the_models_stage_list(tmp_path: Path) -> None:
