@@ -60,6 +60,10 @@ LONG_LAB_TESTS: dict[str, str] = {
         "in make test: test_serving_on_lab.py's site run that keeps a canary in progress, "
         "test_model_rollout.py and test_gpu_rollout.py the rollout's plan and refusals"
     ),
+    "test_containerd_upgrade_on_lab.py": (
+        "8 min (the three nodes' containerd 2.3.4 -> 2.3.7 one at a time under traffic, and back); in make "
+        "test: test_upgrade_containerd_playbook.py the plan, the refusals and --check"
+    ),
     "test_day2_on_lab.py::test_a_restore_brings_back_what_was_deleted_and_corrupted": (
         "1 min 19 s on 2026-12-05 (the control plane stopped and started again); in make test: "
         "test_etcd_backup.py restores a snapshot into a real etcd behind a real API server, "
@@ -125,7 +129,15 @@ LONG_LAB_TESTS: dict[str, str] = {
 # Lab tests that failed on the real cluster in the last full run and are not fixed yet: each says what was
 # seen. They are not run (xfail, run=False: reported as x, never green) until the defect named is fixed; the
 # list is the to-do list, and docs/benchmarks.md's last full run names them too.
-FAILING_LAB_TESTS: dict[str, str] = {}
+FAILING_LAB_TESTS: dict[str, str] = {
+    "test_containerd_upgrade_on_lab.py::test_containerd_moves_one_node_at_a_time_under_traffic_and_back": (
+        "2026-12-05: the upgrade itself passed twice (every node on containerd 2.3.7, held, uncordoned, "
+        "in 86 s and 96 s; the way back too), but chat completions failed during it: 1 of 407 (before the "
+        "vLLM preStop sleep), then 2 of 456 (one at 0.0 s, before any drain), each HTTP 503 'unreachable': a "
+        "gateway's connection to the model's ClusterIP Service refused; one gateway logged that for 30 s "
+        "while both vLLM replicas were being rescheduled by the drains. Not yet explained"
+    ),
+}
 
 
 def _long_reason(item: pytest.Item) -> str | None:

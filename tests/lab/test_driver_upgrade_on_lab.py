@@ -35,18 +35,14 @@ drivers do).
 from __future__ import annotations
 
 import hashlib
-import http.client
 import json
 import re
 import shlex
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
-import jwt
 import pytest
 import yaml
 from labrun import (
@@ -64,6 +60,7 @@ from labrun import (
     running_nodes,
     wait_for,
 )
+from traffic import MODEL, Traffic
 from unit.role_render import RoleVars
 
 pytestmark = pytest.mark.lab
@@ -83,7 +80,6 @@ BACK_TO_535 = (
 )  # fmt: skip
 
 LAB_GPU_VARS = yaml.safe_load((ROOT / "inventories/lab/group_vars/gpu_nodes.yml").read_text())
-LAB_K8S_VARS = yaml.safe_load((ROOT / "inventories/lab/group_vars/k8s_cluster.yml").read_text())
 GPUS = int(LAB_GPU_VARS["nvidia_driver_expected_gpu_count"])
 # the playbook's own cordon mark, and the nvidia_driver role's files (each from its one home)
 OWN_ANNOTATION = yaml.safe_load((ROOT / PLAYBOOK).read_text())[0]["vars"]["upgrade_driver_annotation"]
@@ -116,14 +112,10 @@ SERVING = yaml.safe_load((ROOT / "roles/vllm_serving/defaults/main.yml").read_te
     "vllm_serving_namespace"
 ]
 GATEWAY = "llm-gateway"  # the Deployment, its Service and its pods' app.kubernetes.io/name
-MODEL = LAB_K8S_VARS["vllm_serving_models"][0]
-JWT_SECRET = LAB_K8S_VARS["llm_gateway_jwt_secret"]
 
 # Bounds, each over the setting it waits on, for these machines (two shared cores, nested containers)
 PLUGIN_POD_START_S = 60  # a new device plugin pod registered and its GPUs in the Node's status (every 10 s)
 POD_START_S = 120  # a pod scheduled, its image pulled from the lab's registry, started, its probes passing
-REQUEST_TIMEOUT_S = 30
-REQUEST_PAUSE_S = 0.2  # between two requests: a steady client, not a load test on two cores
 WATCH_S = 3
 
 
@@ -292,74 +284,6 @@ def expected_plan(was: tuple[str, str], to: tuple[str, str]) -> str:
 
 
 # ------------------------------------------------------------------------------------------ in the background
-class Traffic:
-    """Chat completions to the gateway's NodePort of every node in turn, one at a time, each on a new
-    connection (urllib keeps none alive), from a thread, while the upgrade runs. A request fails when it gets
-    no answer (refused, reset, timed out), an HTTP error, the gateway's fallback (no upstream answered) or an
-    answer without choices; each failure is kept with its time and target."""
-
-    def __init__(self, addresses: list[str], node_port: int) -> None:
-        self.urls = [f"http://{address}:{node_port}/v1/chat/completions" for address in addresses]
-        self.token = jwt.encode(
-            {"sub": "lab-driver-upgrade", "exp": int(time.time()) + 7200}, JWT_SECRET, algorithm="HS256"
-        )
-        self.body = json.dumps(
-            {
-                "model": MODEL.get("served_model_name", MODEL["name"]),
-                "messages": [{"role": "user", "content": "hi"}],
-                "max_tokens": 4,
-            }
-        ).encode()
-        self.sent = 0
-        self.failures: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="chat-traffic", daemon=True)
-        self._began = 0.0
-
-    def ask(self, url: str) -> str | None:
-        """None when the model answered; else what went wrong."""
-        request = urllib.request.Request(
-            url,
-            data=self.body,
-            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as answer:
-                headers = {k.lower(): v for k, v in answer.headers.items()}
-                document = json.loads(answer.read())
-        except urllib.error.HTTPError as error:
-            return f"HTTP {error.code}: {error.read()[:200]!r}"
-        except (
-            OSError,
-            http.client.HTTPException,
-            ValueError,
-        ) as error:  # refused, reset, timeout, cut short
-            return f"{type(error).__name__}: {error}"
-        if "x-llm-gateway-fallback" in headers:
-            return f"the gateway's fallback ({headers['x-llm-gateway-fallback']})"
-        if not document.get("choices"):
-            return f"an answer without choices: {str(document)[:200]}"
-        return None
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            url = self.urls[self.sent % len(self.urls)]
-            what = self.ask(url)
-            self.sent += 1
-            if what is not None:
-                self.failures.append(f"{time.monotonic() - self._began:7.1f} s {url}: {what}")
-            self._stop.wait(REQUEST_PAUSE_S)
-
-    def __enter__(self) -> Traffic:
-        self._began = time.monotonic()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(REQUEST_TIMEOUT_S + 5)
-
-
 class NodeWatch:
     """The Node as the API has it every few seconds, while the upgrade runs: what its cordon and its GPU node
     label went through (the playbook's steps a and b, seen from the cluster)."""
@@ -517,15 +441,8 @@ def test_gpu_node_2_moves_to_580_under_traffic_one_node_then_back(node_put_back:
     assert not (node.get("spec") or {}).get("unschedulable") and OWN_ANNOTATION not in annotations(node)
 
     # 3. the upgrade, under traffic
-    (node_port,) = [p["nodePort"] for p in kube_json(f"-n {SERVING} get service {GATEWAY}")["spec"]["ports"]]
-    addresses = sorted(
-        a["address"]
-        for n in kube_json("get nodes")["items"]
-        for a in n["status"]["addresses"]
-        if a["type"] == "InternalIP"
-    )
     began = time.time()
-    with Traffic(addresses, node_port) as traffic, NodeWatch() as watch:
+    with Traffic("lab-driver-upgrade") as traffic, NodeWatch() as watch:
         run = upgrade(*TO_580)
     print(
         f"upgrade: rc {run.rc}, {time.time() - began:.0f} s; chat completions sent {traffic.sent}, "

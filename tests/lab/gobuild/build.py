@@ -16,7 +16,9 @@ happens only when a pin changes. `go version -m BINARY` shows the upstream modul
 Where the versions come from (their one home each, checked here against go.mod before anything builds):
 - kubernetes: roles/kubernetes/defaults/main.yml kubernetes_version;
 - containerd: roles/containerd/defaults/main.yml containerd_version; runc: the release that containerd
-  tag is tested with (its script/setup/runc-version);
+  tag is tested with (its script/setup/runc-version); containerd-next: tests/lab/mirror/packages.yml
+  containerd_io's newer build (the lab's containerd upgrade target, a newer containerd.io in Docker's
+  repository as the real one has);
 - etcd and CoreDNS: the versions kubeadm of that Kubernetes release deploys (its constants.go);
 - cri-tools and the CNI plugins: tests/lab/mirror/packages.yml (what pkgs.k8s.io publishes with that minor);
 - Prometheus and Alertmanager: roles/monitoring/defaults/main.yml image tags.
@@ -89,6 +91,12 @@ def kubeadm_constant(name: str) -> str:
     if not match:
         raise BuildError(f"kubeadm's constants.go has no {name}")
     return match[1]
+
+
+def containerd_io_newer_version() -> str:
+    """The newer containerd.io the mirror carries beside the pinned one: 2.3.7-1~ubuntu.22.04~jammy, 2.3.7."""
+    packages = yaml.safe_load((REPO / "tests" / "lab" / "mirror" / "packages.yml").read_text())
+    return "v" + str(packages["containerd_io"]["newer"]).split("-")[0]
 
 
 def containerd_runc_version() -> str:
@@ -195,6 +203,25 @@ CNI_PLUGINS = (
     "meta/tuning",
 )
 
+
+def containerd_component(name: str, pin: Callable[[], str]) -> Component:
+    """containerd's daemon, shim and ctr, built as upstream's release builds them."""
+    return Component(
+        name,
+        "github.com/containerd/containerd/v2",
+        pin,
+        tuple(
+            f"github.com/containerd/containerd/v2/cmd/{command}"
+            for command in ("containerd", "containerd-shim-runc-v2", "ctr")
+        ),
+        ldflags=lambda version: [
+            f"-X github.com/containerd/containerd/v2/version.Version={version}",
+            "-X github.com/containerd/containerd/v2/version.Package=github.com/containerd/containerd/v2",
+        ],
+        tags=("no_btrfs", "no_devmapper"),
+    )
+
+
 COMPONENTS = (
     Component(
         "kubernetes",
@@ -226,20 +253,8 @@ COMPONENTS = (
         ("github.com/coredns/coredns",),
         ldflags=lambda version: [f"-X github.com/coredns/coredns/coremain.GitCommit={version}"],
     ),
-    Component(
-        "containerd",
-        "github.com/containerd/containerd/v2",
-        lambda: "v" + role_default("containerd", "containerd_version"),
-        tuple(
-            f"github.com/containerd/containerd/v2/cmd/{name}"
-            for name in ("containerd", "containerd-shim-runc-v2", "ctr")
-        ),
-        ldflags=lambda version: [
-            f"-X github.com/containerd/containerd/v2/version.Version={version}",
-            "-X github.com/containerd/containerd/v2/version.Package=github.com/containerd/containerd/v2",
-        ],
-        tags=("no_btrfs", "no_devmapper"),
-    ),
+    containerd_component("containerd", lambda: "v" + role_default("containerd", "containerd_version")),
+    containerd_component("containerd-next", containerd_io_newer_version),
     Component(
         "runc",
         "github.com/opencontainers/runc",

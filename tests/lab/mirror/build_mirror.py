@@ -39,7 +39,7 @@ assert _spec is not None and _spec.loader is not None
 gobuild = importlib.util.module_from_spec(_spec)
 sys.modules["gobuild"] = gobuild
 _spec.loader.exec_module(gobuild)
-GO_COMPONENTS = ("kubernetes", "containerd", "runc", "cri-tools", "cni-plugins")
+GO_COMPONENTS = ("kubernetes", "containerd", "containerd-next", "runc", "cri-tools", "cni-plugins")
 
 FAKE_NVML_DIR = HERE.parent / "fake_nvml"
 NVIDIA_RUNTIME = HERE.parent / "nvidia" / "nvidia_container_runtime.py"
@@ -260,11 +260,12 @@ def driver_packages(branch: str, upstream: str, flavour: str) -> list[Package]:
     return packages
 
 
-def containerd_io_package(spec: dict, builds: dict[str, Path]) -> Package:
-    """Docker's containerd.io for Ubuntu 22.04, carrying the REAL containerd (the production pin) and the runc
-    release that containerd is tested with, both built by the lab from their Go modules. As Docker's package:
-    it bundles runc, so it provides, conflicts with and replaces the distribution's containerd and runc."""
-    containerd, runc = builds["containerd"], builds["runc"]
+def containerd_io_package(version: str, build: str, builds: dict[str, Path]) -> Package:
+    """Docker's containerd.io for Ubuntu 22.04, carrying the REAL containerd (build: the production pin, or
+    the newer release of containerd-next) and the runc release the pinned containerd is tested with, built by
+    the lab from their Go modules. As Docker's package: it bundles runc, so it provides, conflicts with and
+    replaces the distribution's containerd and runc."""
+    containerd, runc = builds[build], builds["runc"]
     binaries = {
         f"/usr/bin/{name}": (containerd / name, 0o755)
         for name in ("containerd", "containerd-shim-runc-v2", "ctr")
@@ -272,7 +273,7 @@ def containerd_io_package(spec: dict, builds: dict[str, Path]) -> Package:
     binaries["/usr/bin/runc"] = (runc / "runc", 0o755)
     return Package(
         name="containerd.io",
-        version=spec["version"],
+        version=version,
         repo="docker",
         summary="An open and reliable container runtime",
         depends=["libc6 (>= 2.34)", "libseccomp2 (>= 2.5.0)"],
@@ -292,7 +293,7 @@ def containerd_io_package(spec: dict, builds: dict[str, Path]) -> Package:
         ),
         upstream=", ".join(
             f"{gobuild.BY_NAME[name].module} {gobuild.required_version(gobuild.BY_NAME[name])}"
-            for name in ("containerd", "runc")
+            for name in (build, "runc")
         ),
     )
 
@@ -406,7 +407,8 @@ def all_packages(spec: dict, cache: Path) -> list[Package]:
     for version in spec["libnvidia_container"]["versions"]:
         packages += container_toolkit_packages(version, "libnvidia-container")
     builds = {name: gobuild.build(gobuild.BY_NAME[name]) for name in GO_COMPONENTS}
-    packages.append(containerd_io_package(spec["containerd_io"], builds))
+    packages.append(containerd_io_package(spec["containerd_io"]["version"], "containerd", builds))
+    packages.append(containerd_io_package(spec["containerd_io"]["newer"], "containerd-next", builds))
     packages += kubernetes_packages(spec["kubernetes"], builds)
     return packages
 
