@@ -68,6 +68,18 @@ def upgrade(*extra: str) -> Run:
     return playbook("playbooks/upgrade-containerd.yml", *extra, timeout=1800)
 
 
+def upgrade_under_traffic(what: str, *extra: str) -> tuple[Run, Traffic]:
+    """The playbook run while chat completions go to the gateway; what it took and what failed printed."""
+    began = time.monotonic()
+    with Traffic("lab-containerd-upgrade") as traffic:
+        run = upgrade(*extra)
+    print(
+        f"\n{what}: rc {run.rc}, {time.monotonic() - began:.0f} s; chat completions sent {traffic.sent}, "
+        f"failed {len(traffic.failures)}" + "".join(f"\n  {f}" for f in traffic.failures)
+    )
+    return run, traffic
+
+
 @pytest.fixture
 def pinned_again() -> Iterator[None]:
     """Whatever happens, every node ends on the site's containerd (the playbook's undo) and schedulable."""
@@ -104,14 +116,7 @@ def test_containerd_moves_one_node_at_a_time_under_traffic_and_back(pinned_again
     assert set(runtimes().values()) == {f"containerd://{PINNED}"}, runtimes()
 
     # 3. the upgrade, under traffic
-    began = time.monotonic()
-    with Traffic("lab-containerd-upgrade") as traffic:
-        run = upgrade(*TO_NEWER)
-    up_s = time.monotonic() - began
-    print(
-        f"\nupgrade {PINNED} -> {NEWER}: rc {run.rc}, {up_s:.0f} s; chat completions sent {traffic.sent}, "
-        f"failed {len(traffic.failures)}" + "".join(f"\n  {f}" for f in traffic.failures)
-    )
+    run, traffic = upgrade_under_traffic(f"upgrade {PINNED} -> {NEWER}", *TO_NEWER)
     assert run.rc == 0, run.tail()
     assert set(runtimes().values()) == {f"containerd://{NEWER}"}, runtimes()
     for node in NODES:
@@ -123,14 +128,7 @@ def test_containerd_moves_one_node_at_a_time_under_traffic_and_back(pinned_again
     assert traffic.failures == [], f"{len(traffic.failures)} of {traffic.sent} requests failed"
 
     # 4. back to the site's pin, under traffic too; then nothing to do
-    began = time.monotonic()
-    with Traffic("lab-containerd-downgrade") as back_traffic:
-        back = upgrade()
-    back_s = time.monotonic() - began
-    print(
-        f"back {NEWER} -> {PINNED}: rc {back.rc}, {back_s:.0f} s; chat completions sent {back_traffic.sent}, "
-        f"failed {len(back_traffic.failures)}" + "".join(f"\n  {f}" for f in back_traffic.failures)
-    )
+    back, back_traffic = upgrade_under_traffic(f"back {NEWER} -> {PINNED}")
     assert back.rc == 0, back.tail()
     assert set(runtimes().values()) == {f"containerd://{PINNED}"}, runtimes()
     assert {installed(node) for node in NODES} == {PINNED_PACKAGE}

@@ -133,6 +133,11 @@ class Cluster:
     def node(self, name: str) -> dict[str, Any]:
         return self.admin.ok("GET", f"/api/v1/nodes/{name}")
 
+    def cordon_by_hand(self, node: str) -> None:
+        """As an operator's `kubectl cordon`: unschedulable, no annotation of the agents or a playbook."""
+        patch = "application/merge-patch+json"
+        self.admin.ok("PATCH", f"/api/v1/nodes/{node}", {"spec": {"unschedulable": True}}, patch)
+
     def cordoned(self) -> list[str]:
         return sorted(n for n in NODES if self.node(n).get("spec", {}).get("unschedulable"))
 

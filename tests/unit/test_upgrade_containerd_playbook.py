@@ -113,14 +113,6 @@ class ContainerdSite(FakeDpkg, UpgradeSite):
             values["containerd_version"] = target
         return self.play("upgrade-containerd.yml", "-e", json.dumps(values), *args)
 
-    def cordon_by_hand(self, node: str) -> None:
-        self.cluster.admin.ok(
-            "PATCH",
-            f"/api/v1/nodes/{node}",
-            {"spec": {"unschedulable": True}},
-            "application/merge-patch+json",
-        )
-
 
 @pytest.fixture(scope="module")
 def site(
@@ -296,7 +288,7 @@ def test_check_after_a_stopped_run_plans_only_what_is_left(fresh: ContainerdSite
     stopped before the restart); the control plane not started. A node cordoned by hand stays cordoned."""
     fresh.runs({"gpu-node-2": "2.3.5"})
     fresh.package("gpu-node-3", "2.3.5")
-    fresh.cordon_by_hand("gpu-node-3")
+    fresh.cluster.cordon_by_hand("gpu-node-3")
     before = runtimes(fresh)
     run = fresh.upgrade("--check", target="2.3.5")
     assert run.returncode == 0, said(run)[-3000:]

@@ -63,14 +63,6 @@ class UpgradeSite(Site):
     def drivers(self) -> dict[str, str]:
         return {n: (self.tmp / n / "libnvidia-ml.so.1").read_text() for n in NODES}
 
-    def cordon_by_hand(self, node: str) -> None:
-        self.cluster.admin.ok(
-            "PATCH",
-            f"/api/v1/nodes/{node}",
-            {"spec": {"unschedulable": True}},
-            "application/merge-patch+json",
-        )
-
 
 @pytest.fixture(scope="module")
 def site(kube_controllers: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpgradeSite]:
@@ -219,7 +211,7 @@ def test_the_breaker_refuses_a_second_node_out_and_a_node_cordoned_before_is_lef
 ) -> None:
     """One node of three cordoned by someone else: the breaker's limit (34%: one node) is reached, so the run
     may take out none of the other two; the cordoned node itself may be upgraded (it adds no node out)."""
-    fresh.cordon_by_hand("gpu-node-3")
+    fresh.cluster.cordon_by_hand("gpu-node-3")
     drivers = fresh.drivers()
     run = fresh.upgrade(R580, "--check")
     assert run.returncode != 0, run.stdout
@@ -244,7 +236,7 @@ def test_the_breaker_refuses_a_second_node_out_and_a_node_cordoned_before_is_lef
 
 def test_a_wider_breaker_lets_the_run_go_on(fresh: UpgradeSite) -> None:
     """The limit is the agents' setting, from its one home: at 67% two nodes of three may be out."""
-    fresh.cordon_by_hand("gpu-node-3")
+    fresh.cluster.cordon_by_hand("gpu-node-3")
     run = fresh.upgrade({**R580, "gpu_health_agent_max_cordoned_percent": 67}, "--check")
     assert run.returncode == 0, said(run)[-3000:]
     assert "the breaker allows 2 GPU node(s) out at once; cordoned by others now: gpu-node-3" in said(run)
