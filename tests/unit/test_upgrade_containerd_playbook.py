@@ -13,7 +13,7 @@ before the plan, in a real run as in --check (the playbook has one path through 
 that broke must not let a real run go on to the node plays, whose role containerd would add Docker's
 repository and install containerd.io on this machine (every host here is local). The upgrade itself (the
 packages of two releases, holds, containerd restarted under running pods) needs root on real nodes and the
-mirror's packages: the lab's to prove (docs/runbook.md, "Upgrade containerd"; not yet run there)."""
+mirror's packages: tests/lab/test_containerd_upgrade_on_lab.py (docs/runbook.md, "Upgrade containerd")."""
 
 from __future__ import annotations
 
@@ -54,6 +54,18 @@ if [ -f "$state" ]; then printf '%s' "$(cat "$state")"; exit 0; fi
 echo "dpkg-query: no packages found matching containerd.io" >&2
 exit 1
 """
+# apt-cache madison containerd.io, as apt answers it from the node's file ../containerd.io.madison (every
+# version the tests name, unless a test leaves some out)
+FAKE_APT_CACHE = """#!/bin/sh
+[ "$1 $2" = "madison containerd.io" ] || { echo "unexpected: $*" >&2; exit 2; }
+cat "$(dirname "$0")/../containerd.io.madison"
+"""
+MADISON = "".join(
+    f" containerd.io | 2.{minor}.{patch}{JAMMY} | https://download.docker.com/linux/ubuntu jammy/stable "
+    "amd64 Packages\n"
+    for minor in range(0, 6)
+    for patch in range(0, 10)
+)
 
 
 class FakeDpkg:
@@ -69,6 +81,10 @@ class FakeDpkg:
             query = folder / "bin" / "dpkg-query"
             query.write_text(FAKE_DPKG_QUERY)
             query.chmod(0o755)
+            apt_cache = folder / "bin" / "apt-cache"
+            apt_cache.write_text(FAKE_APT_CACHE)
+            apt_cache.chmod(0o755)
+            (folder / "containerd.io.madison").write_text(MADISON)
             python = folder / "python"
             shebang, rest = python.read_text().split("\n", 1)
             if "bin:$PATH" not in rest:
@@ -315,6 +331,27 @@ def test_check_of_one_node_plans_only_it(fresh: ContainerdSite) -> None:
     assert "gpu-node-1 (" not in text and "gpu-node-3 (" not in text
 
 
+def test_a_package_the_nodes_apt_cannot_install_is_refused_before_any_drain(fresh: ContainerdSite) -> None:
+    """A containerd.io not in gpu-node-2's apt (a version the repository lacks, or a stale cache): refused
+    naming containerd_package_version, before any node is drained (--check would have shown a clean plan)."""
+    fresh.runs({})
+    madison = fresh.tmp / "gpu-node-2" / "containerd.io.madison"
+    madison.write_text("".join(line + "\n" for line in MADISON.splitlines() if f"2.3.5{JAMMY}" not in line))
+    try:
+        run = fresh.upgrade(target="2.3.5")
+    finally:
+        madison.write_text(MADISON)
+    text = said(run)
+    assert run.returncode != 0, text[-3000:]
+    says = (
+        f"containerd_package_version 2.3.5{JAMMY} is not among the containerd.io versions "
+        "the apt of gpu-node-2"
+    )
+    assert says in text, text[-3000:]
+    assert "TASK [Drain" not in run.stdout
+    assert fresh.cluster.cordoned() == []
+
+
 def test_all_on_the_target_is_a_no_op(fresh: ContainerdSite) -> None:
     fresh.runs({})
     before = runtimes(fresh)
@@ -336,6 +373,15 @@ class ContainerdStageSite(FakeDpkg, StageSite):
     def __init__(self, cluster: Cluster, tmp: Path) -> None:
         super().__init__(cluster, tmp)
         self.fake_dpkg()
+        # every node a member of the cluster (kubeadm's kubelet.conf), unless a test says otherwise
+        self.kubelet_conf = tmp / "kubelet.conf"
+        self.kubelet_conf.write_text("# a node's kubeconfig, as kubeadm join writes it\n")
+
+    def run(
+        self, *args: str, extra: dict[str, Any] | None = None, **kwargs: Any
+    ) -> subprocess.CompletedProcess[str]:
+        values = {"__kubernetes_kubelet_kubeconfig": str(self.kubelet_conf), **(extra or {})}
+        return super().run(*args, extra=values, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -405,6 +451,18 @@ def test_the_nodes_containerd_and_a_new_node_pass(stage: ContainerdStageSite, ch
     assert run.returncode == 0, said(run)[-4000:]
     assert set(recap_changed(run.stdout).values()) == {0}, run.stdout[-3000:]
     assert "TASK [containerd : Refuse a containerd version other than the one the nodes run]" in run.stdout
+
+
+def test_a_host_that_is_no_member_passes_with_another_containerd(stage: ContainerdStageSite) -> None:
+    """No kubelet.conf (a node removed with remove-node.yml that joins again, a cluster whose kubeadm init
+    never finished): nothing runs there to drain, so the stage may install the inventory's containerd."""
+    missing = str(stage.kubelet_conf.with_name("absent.conf"))
+    run = stage.run(
+        "--check",
+        target="1.36.3",
+        extra={"containerd_version": "2.3.5", "__kubernetes_kubelet_kubeconfig": missing},
+    )
+    assert run.returncode == 0, said(run)[-4000:]
 
 
 def test_validate_playbook_checks_the_running_containerd_as_the_stage_does() -> None:
