@@ -329,7 +329,7 @@ def validate(tmp_path: Path, **variables: Any) -> subprocess.CompletedProcess[st
         ),
         (
             {"llm_gateway_prestop_sleep_s": 30},
-            "llm_gateway_prestop_sleep_s must be 0 or more seconds and below the pods' termination grace"
+            "llm_gateway_prestop_sleep_s must be 1 or more seconds and below the pods' termination grace"
             " period (30 s)",
         ),
     ],
