@@ -270,6 +270,15 @@ def test_check_mode_reports_a_branch_change_instead_of_simulating_its_install() 
     assert role(ansible_check_mode=True, **to_580)["__nvidia_driver_install_pending"] is True
     assert role(ansible_check_mode=False, **to_580)["__nvidia_driver_install_pending"] is False
     assert role(ansible_check_mode=True, ansible_facts=facts)["__nvidia_driver_install_pending"] is False
+    # a node on 580 already, with a leftover of 535: the real run only removes it, apt can simulate the rest
+    on_580 = ["nvidia-headless-580", "nvidia-utils-580", f"linux-modules-nvidia-535-server-{KERNEL}"]
+    leftover = {"kernel": KERNEL, "packages": {name: [{"version": "1"}] for name in on_580}}
+    assert (
+        role(ansible_check_mode=True, **{**to_580, "ansible_facts": leftover})[
+            "__nvidia_driver_install_pending"
+        ]
+        is False
+    )
     tasks = yaml.safe_load((ROLE_TASKS / "install-driver-packages.yml").read_text())
     by_name = {task["name"]: task for task in tasks}
     assert by_name["Install the packages of driver {{ nvidia_driver_version }}"]["when"] == (
