@@ -26,11 +26,11 @@ from typing import Any
 
 import pytest
 import yaml
-from real_kube import ControlPlane, Kubelets, free_port
+from real_kube import ControlPlane, free_port
 from test_gpu_health_agent import NODES, Cluster
 from test_kubernetes_version_guard import STAGE, VALIDATION_PLAY, StageSite, plays, recap_failed
 from test_oncall_playbooks import recap_changed
-from test_upgrade_kubernetes_playbook import KUBEADM_CONFIG, RELEASES, UpgradeSite, said
+from test_upgrade_kubernetes_playbook import RELEASES, UpgradeSite, said, upgrade_site
 
 ROOT = Path(__file__).resolve().parents[2]
 PLAYBOOK = ROOT / "playbooks" / "upgrade-containerd.yml"
@@ -134,15 +134,7 @@ class ContainerdSite(FakeDpkg, UpgradeSite):
 def site(
     kube_controllers: ControlPlane, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ContainerdSite]:
-    cluster = Cluster(kube_controllers, tmp_path_factory.mktemp("upgrade-containerd-api"))
-    kubelets = Kubelets(kube_controllers, NODES)
-    made = ContainerdSite(cluster, tmp_path_factory.mktemp("upgrade-containerd-site"))
-    with kubelets:
-        yield made
-        made.reset()
-        cluster.admin.request("DELETE", KUBEADM_CONFIG)
-    cluster.close()
-    assert not kubelets.errors, kubelets.errors
+    yield from upgrade_site(ContainerdSite, "upgrade-containerd", kube_controllers, tmp_path_factory)
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import json
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from real_kube import ControlPlane, Kubelets
@@ -89,17 +89,28 @@ class UpgradeSite(Site):
         return {name: self.cluster.node(name)["status"]["nodeInfo"] for name in NODES}
 
 
-@pytest.fixture(scope="module")
-def site(kube_controllers: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpgradeSite]:
-    cluster = Cluster(kube_controllers, tmp_path_factory.mktemp("upgrade-k8s-api"))
+SiteT = TypeVar("SiteT", bound=UpgradeSite)
+
+
+def upgrade_site(
+    kind: type[SiteT], name: str, kube_controllers: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SiteT]:
+    """A site of KIND on its own Cluster, the Nodes' kubelets running, cleaned up after the module (the
+    upgrade playbooks' tests: this file's and test_upgrade_containerd_playbook.py's)."""
+    cluster = Cluster(kube_controllers, tmp_path_factory.mktemp(f"{name}-api"))
     kubelets = Kubelets(kube_controllers, NODES)
-    made = UpgradeSite(cluster, tmp_path_factory.mktemp("upgrade-k8s-site"))
+    made = kind(cluster, tmp_path_factory.mktemp(f"{name}-site"))
     with kubelets:
         yield made
         made.reset()
         cluster.admin.request("DELETE", KUBEADM_CONFIG)
     cluster.close()
     assert not kubelets.errors, kubelets.errors
+
+
+@pytest.fixture(scope="module")
+def site(kube_controllers: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpgradeSite]:
+    yield from upgrade_site(UpgradeSite, "upgrade-k8s", kube_controllers, tmp_path_factory)
 
 
 @pytest.fixture
