@@ -45,8 +45,8 @@ def containerd(**overrides: object) -> RoleVars:
 
 def kubernetes_node(**overrides: object) -> RoleVars:
     kubernetes = RoleVars("kubernetes")
-    return RoleVars("kubernetes_node", kubernetes_version=kubernetes["kubernetes_version"],
-                    kubernetes_minor=kubernetes["kubernetes_minor"], **overrides)  # fmt: skip
+    names = ("kubernetes_version", "kubernetes_minor", "kubernetes_releases")
+    return RoleVars("kubernetes_node", **{**{name: kubernetes[name] for name in names}, **overrides})
 
 
 def toolkit_pin() -> tuple[list[str], str]:
@@ -131,11 +131,14 @@ def repos(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     ]
     # the pinned packages carry the lab's Go builds; apt's resolution reads only their names and Depends,
     # so stand-in files in the builds' layout do here (no Go build in this test)
-    builds = {name: root / "builds" / name for name in ("cni-plugins", "cri-tools", "kubernetes")}
+    names = ("cni-plugins", "cri-tools", "kubernetes", "cri-tools-next", "kubernetes-next")
+    builds = {name: root / "builds" / name for name in names}
     for name, tools in {
         "cni-plugins": ["bridge", "loopback"],
         "cri-tools": ["crictl"],
         "kubernetes": ["kubeadm", "kubelet", "kubectl"],
+        "cri-tools-next": ["crictl"],
+        "kubernetes-next": ["kubeadm", "kubelet", "kubectl"],
     }.items():
         builds[name].mkdir(parents=True)
         for tool in tools:
@@ -143,6 +146,10 @@ def repos(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {
         "toolkit": build_repo(root / "toolkit", toolkit),
         "kube": build_repo(root / "kube", build_mirror.kubernetes_packages(SPEC["kubernetes"], builds)),
+        # the next minor's repository, as the lab mirror has it (pkgs.k8s.io's v1.37: its own cri-tools)
+        "kube-next": build_repo(
+            root / "kube-next", build_mirror.kubernetes_packages(SPEC["kubernetes"]["next"], builds, "-next")
+        ),
     }  # fmt: skip
 
 
@@ -179,6 +186,31 @@ def test_the_kube_pin_resolves_every_package_at_its_pinned_version(
     result = AptSim(tmp_path, repos["kube"], installed=DISTRIBUTION).install(specs, preferences=pin)
     assert result.ok, result.output
     assert result.installed == dict(spec.split("=", 1) for spec in specs)
+
+
+def test_raising_kubernetes_version_to_the_next_minor_moves_every_pin_into_its_repository(
+    repos: dict[str, Path], tmp_path: Path
+) -> None:
+    """kubernetes_version alone raised (as the runbook's upgrade says): the pins of cri-tools and
+    kubernetes-cni follow the minor's row, and every package resolves in the next minor's repository. The
+    control: the running minor's cri-tools pin does not (that build is not there), which failed an upgrade
+    half-way before the pins followed the row."""
+    target = SPEC["kubernetes"]["next"]["versions"][0].split("-")[0]
+    minor = target.rsplit(".", 1)[0]
+    role = kubernetes_node(kubernetes_version=target, kubernetes_minor=minor)
+    install = task("kubernetes_node", "install-kube-packages.yml", "Install kubeadm")
+    pin = task("kubernetes_node", "repository.yml", "Pin kubeadm")
+    specs = role.template(install["ansible.builtin.apt"]["name"])
+    result = AptSim(tmp_path / "next", repos["kube-next"], installed=DISTRIBUTION).install(
+        specs, preferences=role.template(pin["ansible.builtin.copy"]["content"])
+    )
+    assert result.ok, result.output
+    assert result.installed["cri-tools"] == SPEC["kubernetes"]["next"]["cri_tools"][0]
+    assert result.installed["kubeadm"] == SPEC["kubernetes"]["next"]["versions"][0]
+    running_pins, _ = kube_pin()
+    stale = [spec for spec in running_pins if spec.startswith("cri-tools=")]
+    kept = AptSim(tmp_path / "stale", repos["kube-next"], installed=DISTRIBUTION).install(stale)
+    assert not kept.ok
 
 
 def test_unpinned_kubelet_takes_the_newest_cni(repos: dict[str, Path], tmp_path: Path) -> None:

@@ -30,11 +30,12 @@ from test_remove_node_playbook import said
 ROOT = Path(__file__).resolve().parents[2]
 PLAYBOOK = ROOT / "playbooks" / "upgrade-kubernetes.yml"
 KUBEADM_CONFIG = "/api/v1/namespaces/kube-system/configmaps/kubeadm-config"
-# the test's own matrix: 1.36 as roles/kubernetes has it, and rows for 1.37 and 1.38
+# the test's own matrix: 1.36 and 1.37 as roles/kubernetes has them, and a row for 1.38
+PACKAGES = {"cni": "1.7.1-1.1"}
 RELEASES = {
-    "1.36": {"pause": "3.10.2", "containerd": ["2.1", "2.2", "2.3"]},
-    "1.37": {"pause": "3.10.2", "containerd": ["2.2", "2.3"]},
-    "1.38": {"pause": "3.10.2", "containerd": ["2.2", "2.3"]},
+    "1.36": {"pause": "3.10.2", "containerd": ["2.1", "2.2", "2.3"], "cri_tools": "1.36.0-1.1", **PACKAGES},
+    "1.37": {"pause": "3.10.2", "containerd": ["2.2", "2.3"], "cri_tools": "1.37.0-1.1", **PACKAGES},
+    "1.38": {"pause": "3.10.2", "containerd": ["2.2", "2.3"], "cri_tools": "1.38.0-1.1", **PACKAGES},
 }
 
 
