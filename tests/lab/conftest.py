@@ -64,6 +64,12 @@ LONG_LAB_TESTS: dict[str, str] = {
         "8 min (the three nodes' containerd 2.3.4 -> 2.3.7 one at a time under traffic, and back); in make "
         "test: test_upgrade_containerd_playbook.py the plan, the refusals and --check"
     ),
+    "test_kubernetes_upgrade_on_lab.py": (
+        "about 25 min (the cluster 1.36.3 -> 1.37.2 node by node under traffic, then three new nodes and "
+        "site.yml: kubeadm does not downgrade); in make test: test_upgrade_kubernetes_playbook.py the plan, "
+        "the refusals and --check against a real API server, test_toolkit_kube_packages.py the next minor's "
+        "pins"
+    ),
     "test_day2_on_lab.py::test_a_restore_brings_back_what_was_deleted_and_corrupted": (
         "1 min 19 s on 2026-12-05 (the control plane stopped and started again); in make test: "
         "test_etcd_backup.py restores a snapshot into a real etcd behind a real API server, "

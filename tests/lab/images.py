@@ -94,54 +94,74 @@ def built(component: str, name: str) -> Path:
     return gobuild.build(gobuild.BY_NAME[component]) / name
 
 
-def kubernetes_version() -> str:
-    return gobuild.required_version(gobuild.BY_NAME["kubernetes"])
+def kubernetes_version(component: str = "kubernetes") -> str:
+    return gobuild.required_version(gobuild.BY_NAME[component])
 
 
-def kubeadm_constant(name: str) -> str:
-    return gobuild.kubeadm_constant(name)
+def kubeadm_constant(name: str, component: str = "kubernetes") -> str:
+    return gobuild.kubeadm_constant(name, kubernetes_version(component))
 
 
 PATH_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 
 
-def control_plane_image(name: str) -> Image:
+def control_plane_image(name: str, component: str = "kubernetes") -> Image:
+    version = kubernetes_version(component)
     return Image(
-        f"registry.k8s.io/{name}:{kubernetes_version()}",
-        lambda: {f"/usr/local/bin/{name}": built("kubernetes", name)},
+        f"registry.k8s.io/{name}:{version}",
+        lambda: {f"/usr/local/bin/{name}": built(component, name)},
         env=PATH_ENV,
-        what=f"the real {name} (k8s.io/kubernetes {kubernetes_version()})",
+        what=f"the real {name} (k8s.io/kubernetes {version})",
     )
 
 
-def images() -> list[Image]:
-    """Every image the lab's cluster pulls."""
-    etcd_tag = kubeadm_constant("DefaultEtcdVersion")
+def kubeadm_images(suffix: str = "") -> list[Image]:
+    """What kubeadm of the pinned release (suffix "") or of the lab's upgrade target ("-next") deploys but
+    the pause image (one stand-in): control plane, kube-proxy, etcd, CoreDNS, each built from its module."""
+    kubernetes = "kubernetes" + suffix
+    version = kubernetes_version(kubernetes)
+    etcd_tag = kubeadm_constant("DefaultEtcdVersion", kubernetes)
+    coredns_tag = kubeadm_constant("CoreDNSVersion", kubernetes)
     return [
-        control_plane_image("kube-apiserver"),
-        control_plane_image("kube-controller-manager"),
-        control_plane_image("kube-scheduler"),
+        control_plane_image("kube-apiserver", kubernetes),
+        control_plane_image("kube-controller-manager", kubernetes),
+        control_plane_image("kube-scheduler", kubernetes),
         Image(
-            f"registry.k8s.io/kube-proxy:{kubernetes_version()}",
-            lambda: {"/usr/local/bin/kube-proxy": built("kubernetes", "kube-proxy")},
+            f"registry.k8s.io/kube-proxy:{version}",
+            lambda: {"/usr/local/bin/kube-proxy": built(kubernetes, "kube-proxy")},
             base=BASE_IMAGE,  # it runs nft / iptables-restore: upstream's image carries them too
             env=PATH_ENV,
-            what=f"the real kube-proxy (k8s.io/kubernetes {kubernetes_version()}), nftables, iptables",
+            what=f"the real kube-proxy (k8s.io/kubernetes {version}), nftables, iptables",
         ),
         Image(
             f"registry.k8s.io/etcd:{etcd_tag}",
             lambda: {
-                f"/usr/local/bin/{name}": built("etcd", name) for name in ("etcd", "etcdctl", "etcdutl")
+                f"/usr/local/bin/{name}": built("etcd" + suffix, name)
+                for name in ("etcd", "etcdctl", "etcdutl")
             },
             env=PATH_ENV,
             what=f"the real etcd {etcd_tag.split('-')[0]} (go.etcd.io/etcd/v3)",
         ),
         Image(
-            f"registry.k8s.io/coredns/coredns:{kubeadm_constant('CoreDNSVersion')}",
-            lambda: {"/coredns": built("coredns", "coredns")},
+            f"registry.k8s.io/coredns/coredns:{coredns_tag}",
+            lambda: {"/coredns": built("coredns" + suffix, "coredns")},
             entrypoint=("/coredns",),
-            what=f"the real CoreDNS {kubeadm_constant('CoreDNSVersion')} (github.com/coredns/coredns)",
+            what=f"the real CoreDNS {coredns_tag} (github.com/coredns/coredns)",
         ),
+    ]
+
+
+def images() -> list[Image]:
+    """Every image the lab's cluster pulls, and those an upgrade to the lab's next minor pulls."""
+    pause = kubeadm_constant("PauseVersion")
+    if kubeadm_constant("PauseVersion", "kubernetes-next") != pause:
+        raise ImageError(
+            f"kubeadm {kubernetes_version('kubernetes-next')} uses pause "
+            f"{kubeadm_constant('PauseVersion', 'kubernetes-next')}, not {pause}: add that image too"
+        )
+    return [
+        *kubeadm_images(),
+        *kubeadm_images("-next"),
         Image(
             f"registry.k8s.io/pause:{kubeadm_constant('PauseVersion')}",
             lambda: {"/pause": built("lab-programs", "pause")},

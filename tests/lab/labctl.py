@@ -4,6 +4,7 @@
     labctl.py up        image (if missing or stale), mirror, network, nodes; repairs what it finds
     labctl.py status    one line per lab container
     labctl.py destroy   containers, network, image and the lab state (.lab): nothing left behind
+    labctl.py replace-nodes   the three nodes as new servers (containers and disks removed), then up
     labctl.py image [--rebuild]
     labctl.py mirror
 
@@ -800,6 +801,16 @@ def cmd_up(_: argparse.Namespace) -> None:
     log(f"ssh into a node: ssh -F {shown(STATE / 'ssh_config')} gpu-node-1")
 
 
+def cmd_replace_nodes(args: argparse.Namespace) -> None:
+    """Three new servers under the same names: the node containers and their disks removed, then `up`. What a
+    test that cannot be undone in place (a Kubernetes upgrade: kubeadm does not downgrade) leaves behind is
+    gone; `make lab` then builds the cluster at the site's versions again (the mirror and images stay)."""
+    for node in NODES:
+        force_remove(node.name)
+        log(f"{node.name}: removed with its disk")
+    cmd_up(args)
+
+
 def cmd_status(_: argparse.Namespace) -> None:
     result = podman(
         "ps",
@@ -853,6 +864,9 @@ def main() -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("up").set_defaults(func=cmd_up)
     sub.add_parser("status").set_defaults(func=cmd_status)
+    sub.add_parser(
+        "replace-nodes", help="the three nodes as new servers (empty disks), then up"
+    ).set_defaults(func=cmd_replace_nodes)
     sub.add_parser("destroy").set_defaults(func=cmd_destroy)
     image = sub.add_parser("image")
     image.add_argument("--rebuild", action="store_true", help="rebuild even if the image is current")

@@ -21,6 +21,8 @@ Where the versions come from (their one home each, checked here against go.mod b
   repository as the real one has);
 - etcd and CoreDNS: the versions kubeadm of that Kubernetes release deploys (its constants.go);
 - cri-tools and the CNI plugins: tests/lab/mirror/packages.yml (what pkgs.k8s.io publishes with that minor);
+- kubernetes-next, cri-tools-next: packages.yml's next minor (the lab's Kubernetes upgrade target);
+  etcd-next, coredns-next: what kubeadm of that release deploys;
 - Prometheus and Alertmanager: roles/monitoring/defaults/main.yml image tags.
 """
 
@@ -60,10 +62,11 @@ def role_default(role: str, variable: str) -> str:
     return str(defaults[variable])
 
 
-def mirror_version(key: str) -> str:
-    """An upstream version from tests/lab/mirror/packages.yml's kubernetes versions (1.7.1-1.1 -> 1.7.1)."""
+def mirror_version(key: str, release: str = "") -> str:
+    """An upstream version from tests/lab/mirror/packages.yml's kubernetes versions (1.7.1-1.1 -> 1.7.1); of
+    its `next` minor (the lab's upgrade target) where release is "next"."""
     packages = yaml.safe_load((REPO / "tests" / "lab" / "mirror" / "packages.yml").read_text())
-    value = packages["kubernetes"][key]
+    value = (packages["kubernetes"][release] if release else packages["kubernetes"])[key]
     # a list: the first is what the site pins, the others newer builds that must not be picked up
     return str(value[0] if isinstance(value, list) else value).split("-")[0]
 
@@ -83,9 +86,16 @@ def module_dir(module: str, version: str) -> Path:
     return Path(info["Dir"])
 
 
-def kubeadm_constant(name: str) -> str:
-    """A constant of kubeadm's constants.go at the pinned Kubernetes version (etcd, CoreDNS, pause)."""
-    source = module_dir("k8s.io/kubernetes", "v" + role_default("kubernetes", "kubernetes_version"))
+def kubernetes_next_version() -> str:
+    """The lab's Kubernetes upgrade target: packages.yml's next minor (1.37.2-1.1 -> v1.37.2)."""
+    return "v" + mirror_version("versions", "next")
+
+
+def kubeadm_constant(name: str, version: str = "") -> str:
+    """A constant of kubeadm's constants.go (etcd, CoreDNS, pause) at the pinned Kubernetes version, or at
+    the version named (the lab's upgrade target)."""
+    version = version or "v" + role_default("kubernetes", "kubernetes_version")
+    source = module_dir("k8s.io/kubernetes", version)
     text = (source / "cmd" / "kubeadm" / "app" / "constants" / "constants.go").read_text()
     match = re.search(rf'^\s*{name}\s*=\s*"([^"]+)"', text, re.MULTILINE)
     if not match:
@@ -222,19 +232,16 @@ def containerd_component(name: str, pin: Callable[[], str]) -> Component:
     )
 
 
-COMPONENTS = (
-    Component(
-        "kubernetes",
-        "k8s.io/kubernetes",
-        lambda: "v" + role_default("kubernetes", "kubernetes_version"),
-        KUBERNETES_COMMANDS,
-        ldflags=k8s_ldflags,
-        replaces=k8s_staging_replaces,
-    ),
-    Component(
-        "etcd",
+def kubernetes_component(name: str, pin: Callable[[], str]) -> Component:
+    return Component(name, "k8s.io/kubernetes", pin, KUBERNETES_COMMANDS, ldflags=k8s_ldflags,
+                     replaces=k8s_staging_replaces)  # fmt: skip
+
+
+def etcd_component(name: str, pin: Callable[[], str]) -> Component:
+    return Component(
+        name,
         "go.etcd.io/etcd/v3",
-        lambda: "v" + kubeadm_constant("DefaultEtcdVersion").split("-")[0],
+        pin,
         # the server's main package is its own module's root (server/main.go); the release's root module
         # holds no command (dummy.go, a test file) but stays required: its version is the pin checked
         (
@@ -245,14 +252,40 @@ COMPONENTS = (
         ),
         replaces=etcd_sibling_replaces,
         renamed=(("server", "etcd"),),
-    ),
-    Component(
-        "coredns",
+    )
+
+
+def coredns_component(name: str, pin: Callable[[], str]) -> Component:
+    return Component(
+        name,
         "github.com/coredns/coredns",
-        lambda: kubeadm_constant("CoreDNSVersion"),
+        pin,
         ("github.com/coredns/coredns",),
         ldflags=lambda version: [f"-X github.com/coredns/coredns/coremain.GitCommit={version}"],
+    )
+
+
+def cri_tools_component(name: str, pin: Callable[[], str]) -> Component:
+    return Component(
+        name,
+        "sigs.k8s.io/cri-tools",
+        pin,
+        ("sigs.k8s.io/cri-tools/cmd/crictl",),
+        ldflags=lambda version: [f"-X sigs.k8s.io/cri-tools/pkg/version.Version={version}"],
+    )
+
+
+COMPONENTS = (
+    kubernetes_component("kubernetes", lambda: "v" + role_default("kubernetes", "kubernetes_version")),
+    etcd_component("etcd", lambda: "v" + kubeadm_constant("DefaultEtcdVersion").split("-")[0]),
+    coredns_component("coredns", lambda: kubeadm_constant("CoreDNSVersion")),
+    # the lab's Kubernetes upgrade target (packages.yml's next minor) and what kubeadm of it deploys
+    kubernetes_component("kubernetes-next", kubernetes_next_version),
+    etcd_component(
+        "etcd-next",
+        lambda: "v" + kubeadm_constant("DefaultEtcdVersion", kubernetes_next_version()).split("-")[0],
     ),
+    coredns_component("coredns-next", lambda: kubeadm_constant("CoreDNSVersion", kubernetes_next_version())),
     containerd_component("containerd", lambda: "v" + role_default("containerd", "containerd_version")),
     containerd_component("containerd-next", containerd_io_newer_version),
     Component(
@@ -264,13 +297,8 @@ COMPONENTS = (
         cgo=True,  # nsenter is C; seccomp links libseccomp, as upstream's release does
         tags=("seccomp",),
     ),
-    Component(
-        "cri-tools",
-        "sigs.k8s.io/cri-tools",
-        lambda: "v" + mirror_version("cri_tools"),
-        ("sigs.k8s.io/cri-tools/cmd/crictl",),
-        ldflags=lambda version: [f"-X sigs.k8s.io/cri-tools/pkg/version.Version={version}"],
-    ),
+    cri_tools_component("cri-tools", lambda: "v" + mirror_version("cri_tools")),
+    cri_tools_component("cri-tools-next", lambda: "v" + mirror_version("cri_tools", "next")),
     Component(
         "cni-plugins",
         "github.com/containernetworking/plugins",
@@ -404,7 +432,13 @@ def update(component: Component) -> None:
             )
     tidy = go("mod", "tidy", cwd=directory, mod="mod")
     if tidy.returncode != 0:
-        raise BuildError(f"{component.name}: go mod tidy: {tidy.stderr.strip()[-2000:]}")
+        # tidy also loads the tests of the packages it keeps: etcd 3.7.0's root package (a test file that
+        # imports its test suite) reaches go.etcd.io/etcd/cache/v3 v3.7.0, which the Go proxy refuses. A
+        # module only tests need does not stop the commands building (the build proves it): -e goes past it.
+        log(f"{component.name}: go mod tidy: {tidy.stderr.strip().splitlines()[-1]}; again with -e")
+        tidy = go("mod", "tidy", "-e", cwd=directory, mod="mod")
+        if tidy.returncode != 0:
+            raise BuildError(f"{component.name}: go mod tidy -e: {tidy.stderr.strip()[-2000:]}")
 
 
 def build_key(component: Component, version: str) -> str:

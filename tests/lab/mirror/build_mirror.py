@@ -39,17 +39,35 @@ assert _spec is not None and _spec.loader is not None
 gobuild = importlib.util.module_from_spec(_spec)
 sys.modules["gobuild"] = gobuild
 _spec.loader.exec_module(gobuild)
-GO_COMPONENTS = ("kubernetes", "containerd", "containerd-next", "runc", "cri-tools", "cni-plugins")
+GO_COMPONENTS = (
+    "kubernetes",
+    "kubernetes-next",
+    "containerd",
+    "containerd-next",
+    "runc",
+    "cri-tools",
+    "cri-tools-next",
+    "cni-plugins",
+)
 
 FAKE_NVML_DIR = HERE.parent / "fake_nvml"
 NVIDIA_RUNTIME = HERE.parent / "nvidia" / "nvidia_container_runtime.py"
 PAYLOADS = HERE / "payloads"
 GPG_UID = "LLM Lab Mirror (stand-in vendor archive key) <lab-mirror@llm-lab.invalid>"
 
+
+def kubernetes_repo_path(versions: list[str]) -> str:
+    """pkgs.k8s.io's path of the minor of the first version: ["1.36.3-1.1", ...] -> kubernetes/v1.36/deb."""
+    return "kubernetes/v{}/deb".format(".".join(versions[0].split(".")[:2]))
+
+
+SPEC_KUBERNETES = yaml.safe_load((HERE / "packages.yml").read_text())["kubernetes"]
 REPO_PATHS = {
     "cuda": "cuda/ubuntu2204/x86_64",
     "ubuntu-restricted": "ubuntu-restricted",
-    "kubernetes": "kubernetes/v1.36/deb",
+    # pkgs.k8s.io's repository of the pinned minor, and of the next one (the lab's upgrade target)
+    "kubernetes": kubernetes_repo_path(SPEC_KUBERNETES["versions"]),
+    "kubernetes-next": kubernetes_repo_path(SPEC_KUBERNETES["next"]["versions"]),
     "docker": "docker/linux/ubuntu",
     "libnvidia-container": "libnvidia-container/stable/deb/amd64",
 }
@@ -410,20 +428,30 @@ def all_packages(spec: dict, cache: Path) -> list[Package]:
     packages.append(containerd_io_package(spec["containerd_io"]["version"], "containerd", builds))
     packages.append(containerd_io_package(spec["containerd_io"]["newer"], "containerd-next", builds))
     packages += kubernetes_packages(spec["kubernetes"], builds)
+    packages += kubernetes_packages(spec["kubernetes"]["next"], builds, "-next")
     return packages
 
 
-def kubernetes_packages(k8s: dict, builds: dict[str, Path]) -> list[Package]:
-    """pkgs.k8s.io's packages of one minor, each in every version packages.yml lists. Depends as pkgs.k8s.io
-    builds them (kubernetes/release cmd/krel/templates/latest/metadata.yaml): kubelet (>= 1.28) needs
-    kubernetes-cni (>= 1.2.0), kubeadm (>= 1.32) and kubectl need nothing, cri-tools nothing.
+def kubernetes_packages(k8s: dict, builds: dict[str, Path], suffix: str = "") -> list[Package]:
+    """pkgs.k8s.io's packages of one minor, each in every version packages.yml lists: of the pinned minor,
+    or (suffix "-next") of the next one, from the -next builds, into the repository kubernetes-next.
+    Depends as pkgs.k8s.io builds them (kubernetes/release cmd/krel/templates/latest/metadata.yaml):
+    kubelet (>= 1.28) needs kubernetes-cni (>= 1.2.0), kubeadm (>= 1.32) and kubectl need nothing, cri-tools
+    nothing.
 
     The first version of each list is the one the site pins: its package carries the real binaries the lab
     built (tests/lab/gobuild). The others are newer builds that must never be installed: their programs only
     say so and fail, so a pin that lets one in fails loudly."""
     cni = builds["cni-plugins"]
-    crictl = builds["cri-tools"] / "crictl"
-    kubernetes = builds["kubernetes"]
+    crictl = builds["cri-tools" + suffix] / "crictl"
+    kubernetes = builds["kubernetes" + suffix]
+    repo = "kubernetes" + suffix
+    crictl_built = gobuild.required_version(gobuild.BY_NAME["cri-tools" + suffix])
+    cni_built = gobuild.required_version(gobuild.BY_NAME["cni-plugins"])
+    if "v" + k8s["cni"][0].split("-")[0] != cni_built:
+        raise SystemExit(
+            f"build_mirror: packages.yml's kubernetes-cni {k8s['cni'][0]} is not the lab's build {cni_built}"
+        )
 
     def trap(tool: str, version: str) -> str:
         return payload("newer-build-trap", tool=tool, version=version)
@@ -435,13 +463,11 @@ def kubernetes_packages(k8s: dict, builds: dict[str, Path]) -> list[Package]:
             Package(
                 name="cri-tools",
                 version=version,
-                repo="kubernetes",
+                repo=repo,
                 summary="Command-line utility for interacting with a container runtime",
                 binary_files={"/usr/bin/crictl": (crictl, 0o755)} if built else {},
                 files={} if built else {"/usr/bin/crictl": (trap("crictl", version), 0o755)},
-                upstream=f"sigs.k8s.io/cri-tools {gobuild.required_version(gobuild.BY_NAME['cri-tools'])}"
-                if built
-                else "",
+                upstream=f"sigs.k8s.io/cri-tools {crictl_built}" if built else "",
             )
         )
     for index, version in enumerate(k8s["cni"]):
@@ -451,20 +477,17 @@ def kubernetes_packages(k8s: dict, builds: dict[str, Path]) -> list[Package]:
             Package(
                 name="kubernetes-cni",
                 version=version,
-                repo="kubernetes",
+                repo=repo,
                 summary="Binaries required to provision kubernetes container networking",
                 binary_files={f"/opt/cni/bin/{path.name}": (path, 0o755) for path in plugins}
                 if built
                 else {},
                 files={} if built else {"/opt/cni/bin/README.lab": (trap("kubernetes-cni", version), 0o644)},
-                upstream="github.com/containernetworking/plugins "
-                + gobuild.required_version(gobuild.BY_NAME["cni-plugins"])
-                if built
-                else "",
+                upstream=f"github.com/containernetworking/plugins {cni_built}" if built else "",
             )
         )
     pinned_k8s = "v" + k8s["versions"][0].split("-")[0]
-    built_k8s = gobuild.required_version(gobuild.BY_NAME["kubernetes"])
+    built_k8s = gobuild.required_version(gobuild.BY_NAME["kubernetes" + suffix])
     if pinned_k8s != built_k8s:
         raise SystemExit(
             f"build_mirror: packages.yml's kubernetes {pinned_k8s} is not the lab's build {built_k8s}"
@@ -491,7 +514,7 @@ def kubernetes_packages(k8s: dict, builds: dict[str, Path]) -> list[Package]:
                 Package(
                     name=tool,
                     version=version,
-                    repo="kubernetes",
+                    repo=repo,
                     summary=f"Kubernetes {tool}",
                     files=files,
                     binary_files=binaries,
@@ -528,7 +551,7 @@ def control_file(pkg: Package) -> str:
 
 
 def build_deb(pkg: Package, out_dir: Path, scratch: Path) -> Path:
-    root = scratch / f"{pkg.name}_{pkg.version}"
+    root = scratch / pkg.repo / f"{pkg.name}_{pkg.version}"  # one package may be in two repositories
     (root / "DEBIAN").mkdir(parents=True)
     (root / "DEBIAN" / "control").write_text(control_file(pkg))
     for script, body in (("postinst", pkg.postinst), ("prerm", pkg.prerm)):
