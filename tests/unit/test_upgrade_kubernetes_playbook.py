@@ -213,6 +213,38 @@ def test_check_after_a_stopped_run_plans_only_what_is_left(fresh: UpgradeSite) -
     assert_nothing_changed(fresh, run, "1.37.1")
 
 
+MARK = "upgrade-kubernetes.llm-platform.io/cordoned"  # the playbook's upgrade_kubernetes_annotation
+
+
+def test_a_node_a_stopped_run_left_cordoned_is_finished_though_on_the_target(fresh: UpgradeSite) -> None:
+    """Everything on 1.37.1, but gpu-node-1 still cordoned with this playbook's mark: a run that stopped at
+    its uncordon (the lab's first 1.37 upgrade: the API restarting under the new kubelet). Running again
+    finishes it; a node a person cordoned (no mark) is no reason to run."""
+    fresh.versions("1.37.1")
+    merge = "application/merge-patch+json"
+    fresh.cluster.cordon_by_hand("gpu-node-3")
+    person = fresh.upgrade("--check", target="1.37.1")
+    assert "Nothing to do: the control plane and every kubelet run 1.37.1" in said(person), said(person)[
+        -3000:
+    ]
+    marked = {"spec": {"unschedulable": True}, "metadata": {"annotations": {MARK: "true"}}}
+    fresh.cluster.admin.ok("PATCH", "/api/v1/nodes/gpu-node-1", marked, merge)
+    try:
+        run = fresh.upgrade("--check", target="1.37.1")
+        assert run.returncode == 0, run.stdout + run.stderr
+        text = said(run)
+        assert "Nothing to do" not in text, text[-3000:]
+        assert (
+            "gpu-node-1 (control plane): on 1.37.1 already, but left cordoned by a run that stopped: its "
+            "steps again (what is done is skipped), uncordon" in text
+        ), text[-3000:]
+        assert "gpu-node-3 (worker 2 of 2): on 1.37.1 already: nothing" in text, text[-3000:]
+        assert "cordoned before this run, left cordoned after it: gpu-node-3" in text, text[-3000:]
+    finally:
+        unmark = {"metadata": {"annotations": {MARK: None}}}
+        fresh.cluster.admin.ok("PATCH", "/api/v1/nodes/gpu-node-1", unmark, merge)
+
+
 def test_all_on_the_target_is_a_no_op(fresh: UpgradeSite) -> None:
     fresh.versions("1.36.3")
     run = fresh.upgrade(target="1.36.3")
