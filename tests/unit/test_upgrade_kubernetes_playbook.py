@@ -236,7 +236,7 @@ def test_a_node_a_stopped_run_left_cordoned_is_finished_though_on_the_target(fre
         assert "Nothing to do" not in text, text[-3000:]
         assert (
             "gpu-node-1 (control plane): on 1.37.1 already, but left cordoned by a run that stopped: its "
-            "steps again (what is done is skipped), uncordon" in text
+            "steps again (drain, restart; the packages are in place), uncordon" in text
         ), text[-3000:]
         assert "gpu-node-3 (worker 2 of 2): on 1.37.1 already: nothing" in text, text[-3000:]
         assert "cordoned before this run, left cordoned after it: gpu-node-3" in text, text[-3000:]

@@ -431,14 +431,18 @@ def update(component: Component) -> None:
                 f"{component.name}: go get -tool {command}@{version}: {got.stderr.strip()[-2000:]}"
             )
     tidy = go("mod", "tidy", cwd=directory, mod="mod")
-    if tidy.returncode != 0:
+    if tidy.returncode != 0 and TEST_ONLY_REFUSED in tidy.stderr:
         # tidy also loads the tests of the packages it keeps: etcd 3.7.0's root package (a test file that
         # imports its test suite) reaches go.etcd.io/etcd/cache/v3 v3.7.0, which the Go proxy refuses. A
         # module only tests need does not stop the commands building (the build proves it): -e goes past it.
-        log(f"{component.name}: go mod tidy: {tidy.stderr.strip().splitlines()[-1]}; again with -e")
+        log(f"{component.name}: go mod tidy: {TEST_ONLY_REFUSED} refused by the Go proxy; again with -e")
         tidy = go("mod", "tidy", "-e", cwd=directory, mod="mod")
-        if tidy.returncode != 0:
-            raise BuildError(f"{component.name}: go mod tidy -e: {tidy.stderr.strip()[-2000:]}")
+    if tidy.returncode != 0:
+        raise BuildError(f"{component.name}: go mod tidy: {tidy.stderr.strip()[-2000:]}")
+
+
+# the one module go mod tidy may leave unresolved (above): only etcd's test suite imports it
+TEST_ONLY_REFUSED = "go.etcd.io/etcd/cache/v3"
 
 
 def build_key(component: Component, version: str) -> str:
