@@ -87,7 +87,9 @@ class Traffic:
             what = self.ask(url)
             self.sent += 1
             if what is not None:
-                self.failures.append(f"{time.monotonic() - self._began:7.1f} s {url}: {what}")
+                # the clock time too: to be matched with the gateway's logs and the cluster's events
+                at = time.strftime("%H:%M:%S")
+                self.failures.append(f"{time.monotonic() - self._began:7.1f} s ({at}) {url}: {what}")
             self._stop.wait(REQUEST_PAUSE_S)
 
     def __enter__(self) -> Traffic:
