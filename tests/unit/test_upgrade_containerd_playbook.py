@@ -60,8 +60,9 @@ FAKE_APT_CACHE = """#!/bin/sh
 [ "$1 $2" = "madison containerd.io" ] || { echo "unexpected: $*" >&2; exit 2; }
 cat "$(dirname "$0")/../containerd.io.madison"
 """
-# the test matrix with a row whose lines span two majors (1.6 to 3.0): the real matrix lists 2.x lines only, so the
-# step from a major's last line to the next major's first is tested on this row (the playbook reads the matrix)
+# the test matrix with a row whose lines span two majors (1.6 to 3.0): the real matrix lists 2.x lines only,
+# so the step from a major's last line to the next major's first is tested on this row (the playbook reads the
+# matrix)
 ACROSS_MAJORS = {
     **RELEASES,
     "1.36": {**RELEASES["1.36"], "containerd": ["1.6", "1.7", "2.0", "2.1", "2.2", "2.3", "3.0"]},
@@ -197,21 +198,23 @@ def assert_nothing_changed(
             id="skips-a-line",
         ),
         pytest.param(
-            {n: "1.6.36" for n in NODES}, {"containerd_version": "2.0.7", "kubernetes_releases": ACROSS_MAJORS},
-            "containerd_version 2.0.7 is on 2.0, the first line of containerd 2, and gpu-node-2 runs containerd.io "
-            f"1.6.36{JAMMY}: containerd supports upgrades between sequential minor releases only and guarantees "
-            'nothing across a major (its RELEASES.md, "Upgrade Path"), so 2.0 follows the last 1.x line alone. '
-            "That is 1.7 (__containerd_major_last_lines, roles/containerd/vars/main.yml): set containerd_version "
-            "to a 1.7 release first",
+            {n: "1.6.36" for n in NODES},
+            {"containerd_version": "2.0.7", "kubernetes_releases": ACROSS_MAJORS},
+            "containerd_version 2.0.7 is on 2.0, the first line of containerd 2, and gpu-node-2 runs "
+            f"containerd.io 1.6.36{JAMMY}: containerd supports upgrades between sequential minor releases "
+            'only and guarantees nothing across a major (its RELEASES.md, "Upgrade Path"), so 2.0 follows '
+            "the last 1.x line alone. That is 1.7 (__containerd_major_last_lines, "
+            "roles/containerd/vars/main.yml): set containerd_version to a 1.7 release first",
             id="next-major-from-a-line-before-the-last",
         ),
         pytest.param(
             {}, {"containerd_version": "3.0.0", "kubernetes_releases": ACROSS_MAJORS},
-            "containerd_version 3.0.0 is on 3.0, the first line of containerd 3, and gpu-node-2 runs containerd.io "
-            f"2.3.4{JAMMY}: containerd supports upgrades between sequential minor releases only and guarantees "
-            'nothing across a major (its RELEASES.md, "Upgrade Path"), so 3.0 follows the last 2.x line alone. '
-            "containerd has not released a line after which 3.0 comes, as far as this project knows (no 2.x line "
-            "in __containerd_major_last_lines, roles/containerd/vars/main.yml)",
+            "containerd_version 3.0.0 is on 3.0, the first line of containerd 3, and gpu-node-2 runs "
+            f"containerd.io 2.3.4{JAMMY}: containerd supports upgrades between sequential minor releases "
+            'only and guarantees nothing across a major (its RELEASES.md, "Upgrade Path"), so 3.0 follows '
+            "the last 2.x line alone. containerd has not released a line after which 3.0 comes, as far as "
+            "this project knows (no 2.x line in __containerd_major_last_lines, "
+            "roles/containerd/vars/main.yml)",
             id="next-major-after-an-unrecorded-last-line",
         ),
         pytest.param(
@@ -316,8 +319,8 @@ def test_the_next_line_is_planned(fresh: ContainerdSite) -> None:
 
 
 def test_the_next_majors_first_line_is_planned_from_the_last_line_of_the_major(fresh: ContainerdSite) -> None:
-    """1.7 is the last 1.x line (role containerd's __containerd_major_last_lines): 2.0 is the line after it. From
-    1.6 the same target is refused (above, next-major-from-a-line-before-the-last)."""
+    """1.7 is the last 1.x line (role containerd's __containerd_major_last_lines): 2.0 is the line after it.
+    From 1.6 the same target is refused (above, next-major-from-a-line-before-the-last)."""
     fresh.runs({}, default="1.7.28")
     run = fresh.upgrade("--check", target="2.0.7", kubernetes_releases=ACROSS_MAJORS)
     assert run.returncode == 0, said(run)[-3000:]
