@@ -15,9 +15,12 @@ it does not know which rows exist."""
 
 from __future__ import annotations
 
+import functools
+import http.server
 import json
 import subprocess
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -39,8 +42,64 @@ RELEASES = {
 }
 
 
+def packages_index(minor: str, leave_out: Iterable[str] = ()) -> str:
+    """The Packages index of pkgs.k8s.io's flat repository of MINOR (one per minor), as the test matrix's row
+    has it: kubeadm, kubelet and kubectl of every patch 0 to 9, cri-tools and kubernetes-cni at the row's
+    versions; LEAVE_OUT names "package=version" entries it lacks."""
+    row = RELEASES[minor]
+    entries = [
+        *(f"{name}={minor}.{patch}-1.1" for name in ("kubeadm", "kubelet", "kubectl") for patch in range(10)),
+        f"cri-tools={row['cri_tools']}",
+        f"kubernetes-cni={row['cni']}",
+    ]
+    return "".join(
+        f"Package: {name}\nArchitecture: amd64\nVersion: {version}\nFilename: {name}_{version}_amd64.deb\n"
+        "Description: a stand-in of the test's repository\n\n"
+        for name, version in (entry.split("=", 1) for entry in entries if entry not in set(leave_out))
+    )
+
+
+class Repository:
+    """pkgs.k8s.io for the nodes: a flat repository per minor of the test matrix (v<minor>/deb/Packages),
+    served over HTTP on 127.0.0.1 from a thread of the test process. The playbook reads each node's
+    kubernetes_node_repo_url (-e: the inventory's value), which points here."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        for minor in RELEASES:
+            self.publish(minor)
+        handler = functools.partial(QuietHandler, directory=str(root))
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, name="repository", daemon=True)
+        self.thread.start()
+        # kubernetes_node_repo_url as an inventory sets it: the minor templated in
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v{{{{ kubernetes_minor }}}}/deb/"
+
+    def publish(self, minor: str, leave_out: Iterable[str] = ()) -> None:
+        folder = self.root / f"v{minor}" / "deb"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "Packages").write_text(packages_index(minor, leave_out))
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=10)
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
 class UpgradeSite(Site):
-    """The on-call tests' site, running upgrade-kubernetes.yml."""
+    """The on-call tests' site, running upgrade-kubernetes.yml; the nodes' pkgs.k8s.io is Repository's."""
+
+    def __init__(self, cluster: Cluster, tmp: Path) -> None:
+        super().__init__(cluster, tmp)
+        self.repository = Repository(tmp / "pkgs.k8s.io")
+
+    def close(self) -> None:
+        self.repository.close()
 
     def command(self, playbook: str, *args: str) -> list[str]:
         command = super().command(playbook, *args)
@@ -48,7 +107,13 @@ class UpgradeSite(Site):
         return command
 
     def upgrade(self, *args: str, target: str | None = None) -> subprocess.CompletedProcess[str]:
-        extra = {"kubernetes_releases": RELEASES}
+        extra = {
+            "kubernetes_releases": RELEASES,
+            "kubernetes_node_repo_url": self.repository.url,
+            # role kubernetes_node's checks run on the nodes that install (this machine, which may be a
+            # container on cgroup v1): the nodes' cgroups are not what these tests are about
+            "kubernetes_node_allow_cgroup_v1": True,
+        }
         if target:
             extra["kubernetes_version"] = target
         return self.play("upgrade-kubernetes.yml", "-e", json.dumps(extra), *args)
@@ -105,6 +170,7 @@ def upgrade_site(
         yield made
         made.reset()
         cluster.admin.request("DELETE", KUBEADM_CONFIG)
+    made.close()
     cluster.close()
     assert not kubelets.errors, kubelets.errors
 
@@ -178,6 +244,59 @@ def test_a_minor_outside_the_matrix_is_refused_by_the_release_role(fresh: Upgrad
     run = fresh.upgrade(target="1.39.0")
     assert run.returncode != 0, run.stdout
     assert "kubernetes_version must be 1.MINOR.PATCH of a minor in the supported matrix" in said(run)
+    assert_nothing_changed(fresh, run, "1.36.3")
+
+
+@pytest.mark.parametrize(
+    ("missing", "listed"),
+    [
+        pytest.param("kubelet=1.37.1-1.1", "kubelet 1.37.0-1.1, 1.37.2-1.1", id="the-target-kubelet"),
+        pytest.param("cri-tools=1.37.0-1.1", "no cri-tools", id="the-rows-cri-tools"),
+    ],
+)
+def test_a_package_the_repository_lacks_is_refused_before_any_drain(
+    fresh: UpgradeSite, missing: str, listed: str
+) -> None:
+    """The target minor's repository (which the nodes' apt has not been given yet: it is added in the node
+    plays) lacks one package the nodes would install: refused naming kubernetes_version, the package and its
+    version, before the control plane or any node is touched (a real run: --check would pass the plan too)."""
+    fresh.versions("1.36.3")
+    before = fresh.node_infos()
+    fresh.repository.publish("1.37", leave_out=[missing])
+    try:
+        run = fresh.upgrade(target="1.37.1")
+    finally:
+        fresh.repository.publish("1.37")
+    text = said(run)
+    assert run.returncode != 0, text[-3000:]
+    name, version = missing.split("=")
+    url = fresh.repository.url.replace("{{ kubernetes_minor }}", "1.37")
+    for node in NODES:
+        assert (
+            f"kubernetes_version 1.37.1: the repository {node} would install Kubernetes 1.37 from ({url}, "
+            f"kubernetes_node_repo_url) has no {name} {version} (the index has {listed}"
+        ) in text, text[-3000:]
+    assert "Nothing was changed." in text
+    assert "TASK [Set the pkgs.k8s.io repository" not in run.stdout
+    assert_nothing_changed(fresh, run, "1.36.3")
+    assert fresh.node_infos() == before
+
+
+def test_a_repository_the_nodes_cannot_read_is_refused_before_any_drain(fresh: UpgradeSite) -> None:
+    fresh.versions("1.36.3")
+    index = fresh.repository.root / "v1.37" / "deb" / "Packages"
+    index.unlink()
+    try:
+        run = fresh.upgrade(target="1.37.1")
+    finally:
+        fresh.repository.publish("1.37")
+    text = said(run)
+    assert run.returncode != 0, text[-3000:]
+    url = fresh.repository.url.replace("{{ kubernetes_minor }}", "1.37")
+    assert (
+        "kubernetes_version 1.37.1: gpu-node-2 cannot read the package index of the repository it would "
+        f"install Kubernetes 1.37 from ({url}Packages, kubernetes_node_repo_url: 404"
+    ) in text, text[-3000:]
     assert_nothing_changed(fresh, run, "1.36.3")
 
 
