@@ -135,17 +135,7 @@ LONG_LAB_TESTS: dict[str, str] = {
 # Lab tests that failed on the real cluster in the last full run and are not fixed yet: each says what was
 # seen. They are not run (xfail, run=False: reported as x, never green) until the defect named is fixed; the
 # list is the to-do list, and docs/benchmarks.md's last full run names them too.
-FAILING_LAB_TESTS: dict[str, str] = {
-    "test_containerd_upgrade_on_lab.py::test_containerd_moves_one_node_at_a_time_under_traffic_and_back": (
-        "2026-12-05: the upgrade itself passed twice (every node on containerd 2.3.7, held, uncordoned, "
-        "in 86 s and 96 s; the way back too), but chat completions failed during it: 1 of 407 (before the "
-        "vLLM preStop sleep), then 2 of 456 (one at 0.0 s, before any drain), each HTTP 503 'unreachable': a "
-        "gateway's connection to the model's ClusterIP Service refused; one gateway logged that for 30 s "
-        "while both vLLM replicas were being rescheduled by the drains. Not yet explained. Ruled out since: "
-        "the drains (the Kubernetes upgrade drains the same nodes: 3,268 requests, 0 failed) and containerd "
-        "restarts alone (each node's, under traffic: 696 sent, 0 failed)"
-    ),
-}
+FAILING_LAB_TESTS: dict[str, str] = {}
 
 
 def _long_reason(item: pytest.Item) -> str | None:
