@@ -1,15 +1,22 @@
 """The gateway's own upstream client against raw asyncio servers: the stale keep-alive socket
-retried once, a connection slot passed on by a waiter cancelled as it was handed one, and
-backpressure on a body nobody reads."""
+retried once, a refused connection tried again, a connection slot passed on by a waiter cancelled as
+it was handed one, and backpressure on a body nobody reads."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
-from llm_gateway.http_client import _HIGH_WATER, ConnectionPool, UpstreamClosedError
+from llm_gateway.http_client import (
+    _HIGH_WATER,
+    _REFUSED_RETRY_PAUSES_S,
+    ConnectionPool,
+    UpstreamClosedError,
+    UpstreamConnectError,
+)
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
 
@@ -100,6 +107,51 @@ async def test_a_fresh_socket_closed_unanswered_is_not_retried() -> None:
         assert (server.connections, server.requests) == (1, 1)  # the request may have run: no retry
         assert pool.in_use == 0
         pool.close()
+
+
+def _free_port() -> int:
+    """A port on 127.0.0.1 nothing listens on (for now): a connect there is refused."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def test_a_refused_connection_is_tried_again_until_the_upstream_listens() -> None:
+    """A Service's ClusterIP while a replica is replaced: refused now, answering a moment later."""
+    port = _free_port()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        while await server.read_request(reader):
+            writer.write(_ok())
+            await writer.drain()
+
+    server = RawServer(handler)
+
+    async def listen_soon() -> None:
+        await asyncio.sleep(_REFUSED_RETRY_PAUSES_S[0] / 2)  # after the first try, before the second
+        server.server = await asyncio.start_server(server._serve, "127.0.0.1", port)
+
+    opening = asyncio.create_task(listen_soon())
+    pool = ConnectionPool("127.0.0.1", port, max_connections=4)
+    try:
+        response = await pool.request("POST", "/", body=b"{}", connect_timeout_s=2)
+        assert response.status == 200 and await response.read() == b"ok"
+        assert (server.connections, server.requests) == (1, 1)
+    finally:
+        await opening
+        pool.close()
+        if server.server is not None:
+            server.server.close()
+
+
+async def test_a_connection_refused_every_time_fails_after_the_retries() -> None:
+    pool = ConnectionPool("127.0.0.1", _free_port(), max_connections=4)
+    began = asyncio.get_running_loop().time()
+    with pytest.raises(UpstreamConnectError, match=rf"\({len(_REFUSED_RETRY_PAUSES_S) + 1} tries\)"):
+        await pool.request("POST", "/", body=b"{}", connect_timeout_s=2)
+    assert asyncio.get_running_loop().time() - began >= sum(_REFUSED_RETRY_PAUSES_S)
+    assert pool.in_use == 0
+    pool.close()
 
 
 async def _answer_all(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:

@@ -22,6 +22,14 @@ import httptools
 _HIGH_WATER = 1 << 20
 _LOW_WATER = 1 << 18
 
+# The pauses before connecting again to an upstream that refused the connection (RST, or ICMP port
+# unreachable), within the caller's connect timeout. An upstream is a Kubernetes Service's ClusterIP: while
+# a replica is replaced, this node's kube-proxy can still pick a Pod that has just gone, or have no ready
+# endpoint for a moment; each new connect is kube-proxy's choice again. Nothing was sent on a refused
+# connection, so connecting again cannot run a request twice (Istio's default retry policy retries
+# connect-failure likewise). A connect that times out is not tried again: that budget is spent.
+_REFUSED_RETRY_PAUSES_S = (0.05, 0.25)
+
 
 class UpstreamError(Exception):
     """Any failure talking to an upstream."""
@@ -318,18 +326,29 @@ class ConnectionPool:
         return None
 
     async def _connect(self) -> _Connection:
+        """A new connection; a refused one is tried again after each of _REFUSED_RETRY_PAUSES_S."""
         loop = asyncio.get_running_loop()
-        try:
-            _, conn = await loop.create_connection(
-                _Connection,
-                self.host,
-                self.port,
-                ssl=self.tls,
-                server_hostname=self.host if self.tls else None,
-            )
-        except OSError as exc:
-            raise UpstreamConnectError(f"cannot connect to {self.host}:{self.port}: {exc}") from exc
-        return conn
+        for pause in (*_REFUSED_RETRY_PAUSES_S, None):
+            try:
+                _, conn = await loop.create_connection(
+                    _Connection,
+                    self.host,
+                    self.port,
+                    ssl=self.tls,
+                    server_hostname=self.host if self.tls else None,
+                )
+            except ConnectionRefusedError as exc:
+                if pause is None:
+                    tries = len(_REFUSED_RETRY_PAUSES_S) + 1
+                    raise UpstreamConnectError(
+                        f"cannot connect to {self.host}:{self.port}: {exc} ({tries} tries)"
+                    ) from exc
+                await asyncio.sleep(pause)
+            except OSError as exc:
+                raise UpstreamConnectError(f"cannot connect to {self.host}:{self.port}: {exc}") from exc
+            else:
+                return conn
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _encode(self, method: str, path: str, headers: Sequence[tuple[str, str]], body: bytes) -> bytes:
         lines = [f"{method} {path} HTTP/1.1".encode(), b"Host: " + self._host_header]
