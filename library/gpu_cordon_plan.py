@@ -30,8 +30,10 @@ options:
   action:
     description:
       - What to decide. C(cordon), C(uncordon), C(maintenance) - see O(health) and O(node).
-      - C(rolling) - planned work that takes the GPU nodes out one at a time (playbooks/upgrade-driver.yml),
-        which of O(todo) may be cordoned within the breaker's limit, and the patch that cordons each.
+      - C(rolling) - planned work that takes the GPU nodes out one at a time (playbooks/upgrade-driver.yml,
+        upgrade-kubernetes.yml and upgrade-containerd.yml, through playbooks/tasks/breaker-plan.yml and
+        cordon-within-breaker.yml), which of O(todo) may be cordoned within the breaker's limit, and the patch
+        that cordons each.
     type: str
     choices: [cordon, uncordon, maintenance, rolling]
     required: true
@@ -48,8 +50,9 @@ options:
   own_annotation:
     description:
       - The annotation the calling playbook marks its own cordon with (O(action=rolling)). A node that carries
-        it counts as not cordoned, since the playbook lifts that cordon before it takes the next node. The
-        patches set it.
+        it counts as not cordoned, since the playbook lifts that cordon before it takes the next node; in
+        O(todo), such a node (left cordoned by a run that stopped) is out of service already and may be
+        finished whatever the others. The patches set it.
     type: str
   health:
     description:
@@ -66,9 +69,9 @@ options:
     elements: int
     default: []
   what:
-    description: The work, written into the history (O(action=maintenance)).
+    description: The work, written into the history (O(action=maintenance) and O(action=rolling)).
     type: str
-    choices: [reset, reboot, driver-upgrade]
+    choices: [reset, reboot, driver-upgrade, kubernetes-upgrade, containerd-upgrade]
     default: reset
   force:
     description: Uncordon even though the node is unhealthy now; recorded in the history annotation.
@@ -215,7 +218,9 @@ def rolling(p: dict[str, Any], time: str) -> dict[str, Any]:
         return bool((by_name[name].get("spec") or {}).get("unschedulable"))
 
     by_others = {name: cordoned(name) and own not in annotations(name) for name in by_name}
-    decision = rolling_plan(by_others, p["todo"], p["max_cordoned_percent"])
+    # cordoned by the calling playbook's own run that stopped: out of service already, finishing it adds none
+    own_out = [name for name in by_name if cordoned(name) and own in annotations(name)]
+    decision = rolling_plan(by_others, p["todo"], p["max_cordoned_percent"], own_out)
     patches = {}
     for name in decision["allowed"]:
         if cordoned(name):
@@ -254,7 +259,11 @@ def main() -> None:
             "by": {"type": "str", "required": True},
             "max_cordoned_percent": {"type": "int", "default": 34},
             "gpus": {"type": "list", "elements": "int", "default": []},
-            "what": {"type": "str", "choices": ["reset", "reboot", "driver-upgrade"], "default": "reset"},
+            "what": {
+                "type": "str",
+                "choices": ["reset", "reboot", "driver-upgrade", "kubernetes-upgrade", "containerd-upgrade"],
+                "default": "reset",
+            },
         },
         required_if=[
             ("action", "cordon", ["health"]),

@@ -89,24 +89,29 @@ def rolling_plan(
     unschedulable: Mapping[str, bool],
     todo: Iterable[str],
     max_cordoned_percent: int = DEFAULT_MAX_CORDONED_PERCENT,
+    own_out: Iterable[str] = (),
 ) -> dict[str, Any]:
-    """Planned work that takes GPU nodes out one at a time (playbooks/upgrade-driver.yml): which of the
-    ``todo`` nodes may be cordoned for it, within the same limit as an unhealthy node (cordon_limit).
+    """Planned work that takes GPU nodes out one at a time (playbooks/upgrade-driver.yml,
+    upgrade-kubernetes.yml, upgrade-containerd.yml): which of the ``todo`` nodes may be cordoned for it,
+    within the same limit as an unhealthy node (cordon_limit).
 
     ``unschedulable``: every GPU node's name -> whether it is cordoned now by someone else (the caller leaves
-    out its own cordon, which it lifts before the next node). A node cordoned already adds no node out of
-    service: it may be worked on. Any other is allowed when the nodes cordoned by others plus this one stay
-    within the limit; each todo node is judged alone, as the work takes one at a time.
+    out its own cordon, which it lifts before the next node). ``own_out``: the nodes cordoned now by the
+    caller's own cordon (a run of it that stopped). A node cordoned already, by anyone, adds no node out of
+    service: it may be worked on (and the caller's own is lifted once it is done). Any other is allowed when
+    the nodes cordoned by others plus this one stay within the limit; each todo node is judged alone, as the
+    work takes one at a time.
     """
     names = sorted(unschedulable)
     limit = cordon_limit(len(names), max_cordoned_percent)
     out = [n for n in names if unschedulable[n]]
+    out_already = set(own_out)
     allowed: list[str] = []
     held_back: dict[str, str] = {}
     for node in todo:
         if node not in unschedulable:
             held_back[node] = "not a known GPU node of the cluster"
-        elif unschedulable[node] or len(out) + 1 <= limit:
+        elif unschedulable[node] or node in out_already or len(out) + 1 <= limit:
             allowed.append(node)
         else:
             held_back[node] = (

@@ -138,6 +138,33 @@ class Cluster:
         patch = "application/merge-patch+json"
         self.admin.ok("PATCH", f"/api/v1/nodes/{node}", {"spec": {"unschedulable": True}}, patch)
 
+    def cordon_by_agent(self, node: str) -> None:
+        """As the GPU health agent cordons a node whose GPU needs a reset: unschedulable, with the agents'
+        cordon record and history entry (module_utils/gpu_breaker.py: CORDON_ANNOTATION, cordon_record),
+        written as its cordon() writes them, without running an agent."""
+        # here, not at the top: this file also runs as a script (--bench), where module_utils is no package
+        from ansible.module_utils.gpu_breaker import (
+            CORDON_ANNOTATION,
+            HISTORY_ANNOTATION,
+            cordon_record,
+            history_with,
+        )
+
+        gpu = {
+            "index": 0,
+            "uuid": f"GPU-{node}-0",
+            "verdict": "unhealthy",
+            "reasons": ["ecc_uncorrectable_volatile"],
+        }
+        health = {"verdict": "unhealthy", "gpus": [gpu], "action": "reset", "playbook": "gpu-reset.yml"}
+        record = cordon_record("gpu-health-agent", health, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        annotations = {
+            CORDON_ANNOTATION: json.dumps(record, sort_keys=True),
+            HISTORY_ANNOTATION: history_with(None, "cordon", record),
+        }
+        patch = {"metadata": {"annotations": annotations}, "spec": {"unschedulable": True}}
+        self.admin.ok("PATCH", f"/api/v1/nodes/{node}", patch, "application/merge-patch+json")
+
     def cordoned(self) -> list[str]:
         return sorted(n for n in NODES if self.node(n).get("spec", {}).get("unschedulable"))
 

@@ -186,6 +186,17 @@ def test_rolling_takes_one_node_of_three_at_a_time_with_the_same_limit() -> None
     }
 
 
+def test_rolling_finishes_a_node_its_own_stopped_run_left_cordoned_whatever_the_others() -> None:
+    """gpu-node-1 out by the caller's own cordon (a run that stopped), gpu-node-3 by someone else: gpu-node-1
+    adds no node out of service, so its work may be finished (and its cordon lifted); gpu-node-2 may not
+    go."""
+    others = {"gpu-node-1": False, "gpu-node-2": False, "gpu-node-3": True}
+    decision = rolling_plan(others, ["gpu-node-1", "gpu-node-2"], own_out=["gpu-node-1"])
+    assert decision["allowed"] == ["gpu-node-1"]
+    assert list(decision["held_back"]) == ["gpu-node-2"]
+    assert rolling_plan(others, ["gpu-node-1"])["held_back"]  # without own_out, as before
+
+
 def test_module_rolling_counts_its_own_cordon_as_lifted_and_patches_the_allowed() -> None:
     nodes = [
         node("gpu-node-1", cordoned=True, annotations={OWN: "cordoned by upgrade-driver.yml"}),
@@ -210,6 +221,10 @@ def test_module_rolling_counts_its_own_cordon_as_lifted_and_patches_the_allowed(
     nodes[0] = node("gpu-node-1", cordoned=True)
     failed, result = run_module(gpu_cordon_plan, args | {"todo": ["gpu-node-2"]})
     assert not failed and result["allowed"] == [] and list(result["held_back"]) == ["gpu-node-2"], result
+    # its own stopped run's node beside someone else's cordon: finished, no patch (cordoned already)
+    nodes[1] = node("gpu-node-2", cordoned=True, annotations={OWN: "cordoned by upgrade-driver.yml"})
+    failed, result = run_module(gpu_cordon_plan, args | {"todo": ["gpu-node-2"]})
+    assert not failed and result["allowed"] == ["gpu-node-2"] and result["patches"] == {}, result
     failed, result = run_module(gpu_cordon_plan, {"action": "rolling", "nodes": nodes, "by": "x"})
     assert failed and "own_annotation" in result["msg"]
     failed, result = run_module(gpu_cordon_plan, {"action": "cordon", "nodes": nodes, "by": "x"})

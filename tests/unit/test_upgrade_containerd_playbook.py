@@ -30,7 +30,14 @@ from real_kube import ControlPlane, free_port
 from test_gpu_health_agent import NODES, Cluster
 from test_kubernetes_version_guard import STAGE, VALIDATION_PLAY, StageSite, plays, recap_failed
 from test_oncall_playbooks import recap_changed
-from test_upgrade_kubernetes_playbook import RELEASES, UpgradeSite, said, upgrade_site
+from test_upgrade_kubernetes_playbook import (
+    BREAKER_REFUSES,
+    HELD_BACK,
+    RELEASES,
+    UpgradeSite,
+    said,
+    upgrade_site,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 PLAYBOOK = ROOT / "playbooks" / "upgrade-containerd.yml"
@@ -329,12 +336,15 @@ def test_the_next_majors_first_line_is_planned_from_the_last_line_of_the_major(f
 
 def test_check_after_a_stopped_run_plans_only_what_is_left(fresh: ContainerdSite) -> None:
     """gpu-node-2 done; gpu-node-3's package installed but its kubelet still on the old daemon (the run
-    stopped before the restart); the control plane not started. A node cordoned by hand stays cordoned."""
+    stopped before the restart); the control plane not started. A node cordoned by hand stays cordoned. It
+    counts against the circuit breaker as out of service: at the agents' 34% the control plane could not go
+    out too (test_a_gpu_node_the_health_agent_cordoned_holds_the_others_back_before_any_change), so this
+    site's share is 67% (two GPU nodes of three)."""
     fresh.runs({"gpu-node-2": "2.3.5"})
     fresh.package("gpu-node-3", "2.3.5")
     fresh.cluster.cordon_by_hand("gpu-node-3")
     before = runtimes(fresh)
-    run = fresh.upgrade("--check", target="2.3.5")
+    run = fresh.upgrade("--check", target="2.3.5", gpu_health_agent_max_cordoned_percent=67)
     assert run.returncode == 0, said(run)[-3000:]
     text = said(run)
     assert (
@@ -378,6 +388,33 @@ def test_a_package_the_nodes_apt_cannot_install_is_refused_before_any_drain(fres
     assert says in text, text[-3000:]
     assert "TASK [Drain" not in run.stdout
     assert fresh.cluster.cordoned() == []
+
+
+def test_a_gpu_node_the_health_agent_cordoned_holds_the_others_back_before_any_change(
+    fresh: ContainerdSite,
+) -> None:
+    """gpu-node-3 cordoned by the GPU health agent: within the breaker's 34% (one GPU node of three) the run
+    may take neither other node out: refused before any change, naming them and
+    gpu_health_agent_max_cordoned_percent. gpu-node-3 alone (out already) may go, and stays cordoned."""
+    fresh.runs({})
+    fresh.cluster.cordon_by_agent("gpu-node-3")
+    before = runtimes(fresh)
+    run = fresh.upgrade("--check", target="2.3.5")
+    text = said(run)
+    assert run.returncode != 0, text[-3000:]
+    # in the order the run takes them: the workers, then the control plane
+    assert f"{BREAKER_REFUSES}gpu-node-2: {HELD_BACK}; gpu-node-1: {HELD_BACK}. " in text, text[-3000:]
+    assert "or leave these out of the run (-l). Nothing was changed." in text
+    assert "gpu-node-3: circuit" not in text
+    assert "TASK [Say the plan]" not in run.stdout
+    assert_nothing_changed(fresh, run, before, ["gpu-node-3"])
+
+    run = fresh.upgrade("--check", "-l", "gpu-node-3", target="2.3.5")
+    text = said(run)
+    assert run.returncode == 0, text[-3000:]
+    assert "gpu-node-3 (worker 1 of 1): containerd 2.3.4 -> 2.3.5" in text, text[-3000:]
+    assert "leave cordoned (it was before the run)" in text
+    assert "GPU nodes cordoned by others now: gpu-node-3" in text
 
 
 def test_all_on_the_target_is_a_no_op(fresh: ContainerdSite) -> None:

@@ -98,6 +98,16 @@ class UpgradeSite(Site):
         super().__init__(cluster, tmp)
         self.repository = Repository(tmp / "pkgs.k8s.io")
 
+    def reset(self) -> None:
+        """Site's reset, and the upgrade playbooks' own cordon marks taken off the Nodes too."""
+        super().reset()
+        for name in NODES:
+            annotations = self.cluster.node(name)["metadata"].get("annotations") or {}
+            marks = {k: None for k in annotations if k.endswith(".llm-platform.io/cordoned")}
+            if marks:
+                patch = {"metadata": {"annotations": marks}}
+                self.cluster.admin.ok("PATCH", f"/api/v1/nodes/{name}", patch, "application/merge-patch+json")
+
     def close(self) -> None:
         self.repository.close()
 
@@ -187,8 +197,10 @@ def fresh(site: UpgradeSite) -> Iterator[UpgradeSite]:
     site.reset()
 
 
-def assert_nothing_changed(site: UpgradeSite, run: subprocess.CompletedProcess[str], cluster: str) -> None:
-    assert site.cluster.cordoned() == [], said(run)[-3000:]
+def assert_nothing_changed(
+    site: UpgradeSite, run: subprocess.CompletedProcess[str], cluster: str, cordoned: Iterable[str] = ()
+) -> None:
+    assert site.cluster.cordoned() == list(cordoned), said(run)[-3000:]
     assert f"kubernetesVersion: v{cluster}" in site.kubeadm_config()["ClusterConfiguration"]
     changes = ("Unhold kubeadm", "Drain", "Upgrade the control plane, kubeadm", "Restart the kubelet")
     for task in changes:
@@ -333,6 +345,50 @@ def test_check_after_a_stopped_run_plans_only_what_is_left(fresh: UpgradeSite) -
 
 
 MARK = "upgrade-kubernetes.llm-platform.io/cordoned"  # the playbook's upgrade_kubernetes_annotation
+# the cordon circuit breaker's refusal (playbooks/tasks/breaker-plan.yml) with one GPU node of three out
+BREAKER_REFUSES = (
+    "The cordon circuit breaker (gpu_health_agent_max_cordoned_percent 34: at most 1 GPU node(s) out of "
+    "service at once, never the last schedulable one) does not let this run take out "
+)
+HELD_BACK = (
+    "circuit breaker: 1 of 3 GPU nodes cordoned already (gpu-node-3), at most 1 may be (34% of the GPU "
+    "nodes, never the last schedulable one)"
+)
+
+
+def test_a_gpu_node_the_health_agent_cordoned_holds_the_others_back_before_any_change(
+    fresh: UpgradeSite,
+) -> None:
+    """gpu-node-3 cordoned by the GPU health agent: within the breaker's 34% (one GPU node of three) the run
+    may take no other GPU node out, and it cannot leave one out (every kubelet moves): refused before any
+    change, naming the nodes held back and gpu_health_agent_max_cordoned_percent. gpu-node-3 itself, out
+    already, is no reason to refuse; with a wider share (the agents' setting, -e) the run plans and leaves it
+    cordoned."""
+    fresh.versions("1.36.3")
+    fresh.cluster.cordon_by_agent("gpu-node-3")
+    before = fresh.node_infos()
+    run = fresh.upgrade(target="1.37.1")
+    text = said(run)
+    assert run.returncode != 0, text[-3000:]
+    assert f"{BREAKER_REFUSES}gpu-node-1: {HELD_BACK}; gpu-node-2: {HELD_BACK}. " in text, text[-3000:]
+    assert "none can be left out" in text and "Nothing was changed." in text
+    assert "gpu-node-3: circuit" not in text
+    assert "PLAY [Upgrade Kubernetes - check each node" not in run.stdout
+    assert_nothing_changed(fresh, run, "1.36.3", ["gpu-node-3"])
+    assert fresh.node_infos() == before
+    for name in NODES:
+        assert MARK not in (fresh.cluster.node(name)["metadata"].get("annotations") or {})
+
+    wider = fresh.upgrade(
+        "--check", "-e", json.dumps({"gpu_health_agent_max_cordoned_percent": 67}), target="1.37.1"
+    )
+    text = said(wider)
+    assert wider.returncode == 0, text[-3000:]
+    assert (
+        "the circuit breaker allows 2 GPU node(s) out of service at once "
+        "(gpu_health_agent_max_cordoned_percent); GPU nodes cordoned by others now: gpu-node-3" in text
+    ), text[-3000:]
+    assert "cordoned before this run, left cordoned after it: gpu-node-3" in text
 
 
 def test_a_node_a_stopped_run_left_cordoned_is_finished_though_on_the_target(fresh: UpgradeSite) -> None:
@@ -362,6 +418,102 @@ def test_a_node_a_stopped_run_left_cordoned_is_finished_though_on_the_target(fre
     finally:
         unmark = {"metadata": {"annotations": {MARK: None}}}
         fresh.cluster.admin.ok("PATCH", "/api/v1/nodes/gpu-node-1", unmark, merge)
+
+
+# one node taken out of service as the three upgrade playbooks' node tasks do: the shared task file alone
+CORDON_PLAY = """
+- name: Take one node out of service within the circuit breaker (tasks/cordon-within-breaker.yml)
+  hosts: "{{{{ node }}}}"
+  gather_facts: false
+  tasks:
+    - name: Load the API client's settings
+      ansible.builtin.include_role:
+        name: kubernetes_api_client
+        tasks_from: validate
+        public: true
+
+    - name: Cordon within the circuit breaker
+      ansible.builtin.include_tasks: {tasks}
+      vars:
+        __cordon_by: upgrade-kubernetes.yml
+        __cordon_what: kubernetes-upgrade
+        __cordon_annotation: {mark}
+        __cordon_keep: "{{{{ keep | default(false) | bool }}}}"
+        __cordon_api_host: gpu-node-1
+"""
+
+
+def cordon_within_breaker(
+    site: UpgradeSite, node: str, *args: str, inventory: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    play = site.tmp / "cordon-within-breaker.yml"
+    play.write_text(
+        CORDON_PLAY.format(tasks=ROOT / "playbooks" / "tasks" / "cordon-within-breaker.yml", mark=MARK)
+    )
+    command = Site.command(site, str(play), "-e", f"node={node}", *args)
+    if inventory:
+        command[2] = str(inventory)
+    return subprocess.run(command, cwd=ROOT, env=site.env(), capture_output=True, text=True, timeout=300)
+
+
+def lease_holder(site: UpgradeSite) -> Any:
+    return site.cluster.admin.ok("GET", site.cluster.lease_path)["spec"].get("holderIdentity")
+
+
+def test_the_shared_cordon_takes_a_gpu_node_out_within_the_breaker_and_gives_the_lease_back(
+    fresh: UpgradeSite,
+) -> None:
+    run = cordon_within_breaker(fresh, "gpu-node-2")
+    assert run.returncode == 0, said(run)[-3000:]
+    assert fresh.cluster.cordoned() == ["gpu-node-2"]
+    annotations = fresh.cluster.node("gpu-node-2")["metadata"]["annotations"]
+    assert annotations[MARK].startswith("cordoned by upgrade-kubernetes.yml for the kubernetes-upgrade at ")
+    history = json.loads(annotations["gpu-health.llm-platform.io/history"])
+    assert history[-1]["action"] == "kubernetes-upgrade" and history[-1]["by"] == "upgrade-kubernetes.yml"
+    assert lease_holder(fresh) is None
+
+    # the same node again (a run that stopped after its cordon): out already, left as it is
+    fresh.cluster.cordon_by_agent("gpu-node-3")
+    again = cordon_within_breaker(fresh, "gpu-node-2")
+    assert again.returncode == 0, said(again)[-3000:]
+
+
+def test_the_shared_cordon_refuses_a_gpu_node_past_the_breaker_and_gives_the_lease_back(
+    fresh: UpgradeSite,
+) -> None:
+    fresh.cluster.cordon_by_agent("gpu-node-3")
+    run = cordon_within_breaker(fresh, "gpu-node-2")
+    assert run.returncode != 0, said(run)[-3000:]
+    assert (
+        f"NOT taking gpu-node-2 out of service: {HELD_BACK} (gpu_health_agent_max_cordoned_percent 34)"
+        in said(run)
+    ), said(run)[-3000:]
+    assert fresh.cluster.cordoned() == ["gpu-node-3"]
+    assert MARK not in (fresh.cluster.node("gpu-node-2")["metadata"].get("annotations") or {})
+    assert lease_holder(fresh) is None
+
+
+def test_the_shared_cordon_takes_a_node_outside_the_gpu_nodes_out_uncounted(fresh: UpgradeSite) -> None:
+    """gpu-node-2 not in the inventory's gpu_nodes: the breaker does not count it (it guards GPU capacity), so
+    with gpu-node-3 cordoned by the agent it is cordoned all the same, marked; one cordoned before the run by
+    someone else (keep) is left as it is."""
+    inventory = json.loads(fresh.inventory.read_text())
+    inventory["all"]["children"]["gpu_nodes"] = {"hosts": {"gpu-node-1": {}, "gpu-node-3": {}}}
+    hosts = fresh.tmp / "hosts-one-cpu-node.json"
+    hosts.write_text(json.dumps(inventory))
+    fresh.cluster.cordon_by_agent("gpu-node-3")
+    run = cordon_within_breaker(fresh, "gpu-node-2", inventory=hosts)
+    assert run.returncode == 0, said(run)[-3000:]
+    assert fresh.cluster.cordoned() == ["gpu-node-2", "gpu-node-3"]
+    annotations = fresh.cluster.node("gpu-node-2")["metadata"]["annotations"]
+    assert annotations[MARK].startswith("cordoned by upgrade-kubernetes.yml for the kubernetes-upgrade at ")
+    assert "gpu-health.llm-platform.io/history" not in annotations
+
+    fresh.reset()
+    fresh.cluster.cordon_by_hand("gpu-node-2")
+    keep = cordon_within_breaker(fresh, "gpu-node-2", "-e", "keep=true", inventory=hosts)
+    assert keep.returncode == 0, said(keep)[-3000:]
+    assert MARK not in (fresh.cluster.node("gpu-node-2")["metadata"].get("annotations") or {})
 
 
 def test_all_on_the_target_is_a_no_op(fresh: UpgradeSite) -> None:
