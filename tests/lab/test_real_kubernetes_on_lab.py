@@ -512,6 +512,19 @@ def test_the_audit_log_names_the_operator_who_cordoned_a_node(
 
 
 # ------------------------------------------------------------------------------------ 6. serving by traffic
+def test_coredns_keeps_a_replica_through_a_drain() -> None:
+    """kubeadm's CoreDNS gets the product's PodDisruptionBudget (role kubeadm_control_plane): it selects
+    every CoreDNS Pod the Deployment runs, and with them Ready lets one at a time be evicted, so a drain of a
+    node that holds both replicas leaves one answering."""
+    deployment = kube_json("-n kube-system get deployment coredns")
+    budget = kube_json("-n kube-system get poddisruptionbudget coredns")
+    replicas = int(deployment["spec"]["replicas"])
+    assert replicas >= 2, deployment["spec"]
+    status = budget["status"]
+    assert status["expectedPods"] == replicas, status
+    assert status["currentHealthy"] == replicas and status["disruptionsAllowed"] == 1, status
+
+
 def serving_pods(name: str) -> list[dict[str, Any]]:
     namespace = lab_values()["vllm_serving_namespace"]
     return list(kube_json(f"-n {namespace} get pods {LIVE_PODS} -l app.kubernetes.io/name={name}")["items"])
