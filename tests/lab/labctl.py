@@ -299,6 +299,23 @@ def ensure_network() -> None:
     log(f"created network {NETWORK} ({SUBNET})")
 
 
+def cluster_networks() -> list[str]:
+    """The cluster's own networks, the pods' and the Services' (role kubeadm_control_plane's defaults, which
+    the lab inventory keeps)."""
+    role = REPO / "roles" / "kubeadm_control_plane"
+    defaults = yaml.safe_load((role / "defaults" / "main.yml").read_text())
+    return [defaults[f"kubeadm_control_plane_{kind}_subnet"] for kind in ("pod", "service")]
+
+
+def ensure_cluster_networks_unrouted() -> None:
+    """A site's routers have no route to the cluster's own networks: a packet a node sends there without a
+    route of its own (while it boots or shuts down, before or after its pod routes) is answered "unreachable".
+    This machine, the nodes' gateway, would send it on to its default route, where this sandbox's HTTP proxy
+    answers any connection (with a 404): an unreachable route here for each network, as on a site."""
+    for network in cluster_networks():
+        subprocess.run(["ip", "route", "replace", "unreachable", network], check=True)
+
+
 # the lab network's DNS server (the nodes resolve lab-mirror and each other through it): podman's
 # aardvark-dns, one per machine, started by netavark with the first container of a network with DNS
 AARDVARK_PID = Path("/run/containers/networks/aardvark-dns/aardvark.pid")
@@ -644,6 +661,10 @@ def ensure_node(node: Node) -> None:
             # systemd driver expects); /proc/sys is made read-only but for the node's network parameters at
             # boot (lab-proc-sys.service), so nothing in the node changes this machine's kernel parameters
             "--privileged", "--cgroupns=private",
+            # a server that reboots comes back on: `systemctl reboot` in the node ends its container (systemd
+            # is PID 1 of its PID namespace) and podman starts it again, disk kept; `podman stop` is a
+            # power-off and stays one
+            "--restart=always",
             # systemd as PID 1 without podman's systemd mode (SYSTEMD_MODE_ARGS)
             *SYSTEMD_MODE_ARGS,
             # containerd's overlayfs snapshots cannot live on the node's own overlay root: a volume
@@ -674,6 +695,9 @@ def wait_for_systemd(node: Node, timeout_s: float = 240) -> None:
     )
 
 
+BOOT_UNIT = "fake-nvml-boot.service"
+
+
 def install_fake_gpus(node: Node) -> None:
     """Copy the fake NVML and its control CLI to the node; create the GPU state once."""
     podman("exec", node.name, "mkdir", "-p", "/usr/local/lib/fake-nvml")
@@ -687,6 +711,9 @@ def install_fake_gpus(node: Node) -> None:
     # and the Kubernetes faults (scripts/lab-fault NODE kube ...), done to the real components
     podman("cp", str(LAB_SRC / "kube" / "lab_kube_fault.py"), f"{node.name}:/usr/local/sbin/lab-kube-fault")
     podman("exec", node.name, "chmod", "0755", "/usr/local/sbin/lab-kube-fault")
+    # a reboot clears the simulated GPUs as it clears a driver's state (fake_nvml/fake-nvml-boot.service)
+    podman("cp", str(LAB_SRC / "fake_nvml" / BOOT_UNIT), f"{node.name}:/etc/systemd/system/{BOOT_UNIT}")
+    podman("exec", node.name, "systemctl", "enable", "--quiet", BOOT_UNIT)
     has_state = (
         podman("exec", node.name, "test", "-f", "/var/lib/fake-nvml/state.json", check=False).returncode == 0
     )
@@ -784,6 +811,7 @@ def cmd_up(_: argparse.Namespace) -> None:
     ensure_gateway_image()
     ensure_vllm_sim_image()
     ensure_network()
+    ensure_cluster_networks_unrouted()
     ensure_mirror()
     for node in NODES:
         ensure_node(node)
@@ -830,6 +858,8 @@ def cmd_destroy(_: argparse.Namespace) -> None:
     if podman("network", "exists", NETWORK, check=False).returncode == 0:
         podman("network", "rm", "-f", NETWORK)
         log(f"removed network {NETWORK}")
+    for network in cluster_networks():
+        subprocess.run(["ip", "route", "del", "unreachable", network], check=False, capture_output=True)
     # the current image and earlier builds it replaced (left untagged), all carry the inputs label
     built = set(podman("images", "-a", "-q", "--filter", "label=llm-lab.inputs").stdout.split())
     # and the images the lab's cluster pulls (tests/lab/images.py), built here too
@@ -854,6 +884,7 @@ def cmd_mirror(_: argparse.Namespace) -> None:
     labstate.link_checkout()
     ensure_image()
     ensure_network()
+    ensure_cluster_networks_unrouted()
     ensure_mirror()
 
 

@@ -134,10 +134,11 @@ chroot "$root" systemctl enable ssh.service >/dev/null 2>&1
 # ClamAV mirror in reach; labctl installs the lab's own signature database, docs/lab.md).
 # binfmt_misc is this machine's kernel table: a privileged node would register binary formats
 # on the host, and its automount, triggered by several nodes booting at once, hung one node's
-# boot for systemd's whole 90 s job timeout (CI of 2026-12-02).
+# boot for systemd's whole 90 s job timeout (CI of 2026-12-02). systemd-logind runs, as on a
+# server: `shutdown -r` (what ansible.builtin.reboot runs) asks it, and fails where it is masked.
 for unit in systemd-udevd.service systemd-udevd-control.socket systemd-udevd-kernel.socket \
   systemd-modules-load.service sys-kernel-config.mount systemd-remount-fs.service \
-  getty@tty1.service console-getty.service systemd-logind.service \
+  getty@tty1.service console-getty.service \
   systemd-binfmt.service proc-sys-fs-binfmt_misc.automount proc-sys-fs-binfmt_misc.mount \
   clamav-freshclam.service; do
   chroot "$root" systemctl mask "$unit" >/dev/null 2>&1 || true
