@@ -1,35 +1,40 @@
-"""playbooks/upgrade-driver.yml on the lab (issue 18): gpu-node-2 moved from driver branch 535 (535.183.06) to
-580 (580.95.05) for real while clients keep asking the gateway, then back to 535 whatever happened.
+"""playbooks/upgrade-driver.yml on the lab (issue 18): gpu-node-2 moved from driver branch 535 (535.183.06)
+to 580 (580.95.05) for real, rebooted on the way, while clients keep asking the gateway, then back to 535
+whatever happened.
 
     flock /tmp/lab.lock .venv/bin/pytest -m lab tests/lab/test_driver_upgrade_on_lab.py -v -s
 
 Needs the lab converged through the serving stage (make lab), with this checkout's fake NVML on the nodes
-(make lab-up copies it there): a driver's CUDA version follows its branch
-(tests/lab/fake_nvml/fake_nvml_ctl.py, CUDA_BY_BRANCH: 535 reports CUDA 12.2, 580 reports 13.0, as the real
-drivers do).
+(make lab-up copies it there) and nodes that can reboot (docs/lab.md, "Reboots": podman starts a node's
+container again, each start a boot with its own boot id, the simulated GPUs cleared at boot). A driver's CUDA
+version follows its branch (tests/lab/fake_nvml/fake_nvml_ctl.py, CUDA_BY_BRANCH: 535 reports CUDA 12.2, 580
+reports 13.0, as the real drivers do).
 
 1. Before: NVML on gpu-node-2 (the node's own pynvml, the library gpu_facts reads) reports 535.183.06, CUDA
    12.2.
-2. `--check -l gpu-node-2 -e nvidia_driver_branch=580 -e nvidia_driver_version=580.95.05`: the plan names
-   gpu-node-2, 535.183.06 -> 580.95.05 (branch 535 -> 580), with the lab's path (nvidia_driver_reboot false:
-   no reboot, the modules reloaded), the breaker's limit and R535's end of life; nothing changed: the recap,
-   NVML, the Node, the holds.
+2. `--check -l gpu-node-2 -e nvidia_driver_branch=580 -e nvidia_driver_version=580.95.05` with
+   nvidia_driver_reboot true (a server's path; the lab inventory's false is for its site runs): the plan names
+   gpu-node-2, 535.183.06 -> 580.95.05 (branch 535 -> 580), the reboot, the breaker's limit and R535's end of
+   life; nothing changed: the recap, NVML, the Node, the holds.
 3. The same without --check, while one thread sends chat completions to the gateway's NodePort of every node
-   in turn (each a new connection, as separate clients make) and another watches the Node. The gateway runs
-   llm_gateway_replicas (2, the role's default: the lab inventory keeps it) behind a PodDisruptionBudget of
-   min 1, the model 2 replicas behind a budget of max 1 unavailable: the drain takes at most one of each.
+   in turn (each a new connection, as separate clients make; one that cannot reach gpu-node-2 while it is
+   down goes to the next node, as a load balancer's health check would send it) and another watches the
+   Node. The gateway runs llm_gateway_replicas (2, the role's default: the lab inventory keeps it) behind a
+   PodDisruptionBudget of min 1, the model 2 replicas behind a budget of max 1 unavailable: the drain takes
+   at most one of each.
 4. After: NVML 580.95.05, CUDA 13.0 (13000, NVML version 13.580.95.05); apt holds only the 580 driver packages
-   and no 535 driver package is installed; the role's pin names 580; /var/run/reboot-required is there (the
-   lab is not rebooted); the cluster's own GPU clients are back on the node (the agent, the device plugin's
-   and dcgm-exporter's pods Ready, allocatable nvidia.com/gpu back to the GPU count); the watcher saw the node
+   and no 535 driver package is installed; the role's pin names 580; the node rebooted once (a new boot id,
+   read on the node and reported by its kubelet; its container started once more) and no reboot marker is
+   left; the cluster's own GPU clients are back on the node (the agent, the device plugin's and
+   dcgm-exporter's pods Ready, allocatable nvidia.com/gpu back to the GPU count); the watcher saw the node
    cordoned with the playbook's annotation and out of the GPU node label meanwhile; the Node is uncordoned,
    that annotation gone, the history naming the upgrade; a second --check has nothing to do; no request
    failed.
 5. Always afterwards (the fixture): the runbook's undo, the same playbook back to 535.183.06 with
-   allow_downgrade, and what a run stopped half-way could leave (a driver/library mismatch or no driver, this
-   playbook's cordon, the GPU clients stopped) put back as the runbook says; then NVML 535.183.06 with CUDA
-   12.2 again, no 580 package, the node schedulable with its GPUs offered, serving whole again, the reboot
-   marker as found.
+   allow_downgrade (without a reboot: the modules reloaded), and what a run stopped half-way could leave (a
+   driver/library mismatch or no driver, this playbook's cordon, the GPU clients stopped) put back as the
+   runbook says; then NVML 535.183.06 with CUDA 12.2 again, no 580 package, the node schedulable with its
+   GPUs offered, serving whole again, the reboot marker as found.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ from labrun import (
     Run,
     on_node,
     playbook,
+    podman,
     running_nodes,
     wait_for,
 )
@@ -73,6 +79,9 @@ FROM, TO = ("535", "535.183.06"), ("580", "580.95.05")
 # R580 CUDA 13.0 (NVIDIA's release notes)
 CUDA = {"535.183.06": 12020, "580.95.05": 13000}
 TO_580 = ("-e", f"nvidia_driver_branch={TO[0]}", "-e", f"nvidia_driver_version={TO[1]}")
+# the way there reboots the node, as on a server (the lab inventory's false is for its site runs); the way
+# back reloads the modules instead
+REBOOT = ("-e", '{"nvidia_driver_reboot": true}')
 # the runbook's undo: the values back, a downgrade on purpose
 BACK_TO_535 = (
     "-e", f"nvidia_driver_branch={FROM[0]}", "-e", f"nvidia_driver_version={FROM[1]}",
@@ -262,6 +271,32 @@ def serving_whole() -> str | None:
     return "; ".join(short) or None
 
 
+def put_one_of_each_on_the_node() -> None:
+    """A gateway pod and a model replica on the node, so the drain has to move both under traffic: where one
+    is elsewhere, one of its pods is deleted while the other nodes are cordoned (before the traffic starts),
+    and comes back on the node."""
+    moved = []
+    for name in (GATEWAY, "vllm"):
+        pods = kube_json(f"-n {SERVING} get pods -l app.kubernetes.io/name={name} {LIVE_PODS}")["items"]
+        if not any(p["spec"].get("nodeName") == NODE for p in pods):
+            moved.append(pods[0]["metadata"]["name"])
+    if not moved:
+        return
+    others = [n for n in NODES if n != NODE]
+    try:
+        for other in others:
+            kubectl(f"cordon {other}")
+        kubectl(f"-n {SERVING} delete pod {' '.join(moved)} --wait=false")
+        wait_for(
+            f"a gateway pod and a model replica on {NODE}",
+            lambda: all(NODE in nodes for nodes in placement().values()) and serving_whole() is None,
+            2 * POD_START_S,
+        )
+    finally:
+        for other in others:
+            kubectl(f"uncordon {other}")
+
+
 def placement() -> dict[str, list[str]]:
     """The nodes each serving workload's pods run on (printed: what the drain had to move)."""
     found: dict[str, list[str]] = {}
@@ -271,16 +306,28 @@ def placement() -> dict[str, list[str]]:
     return {name: sorted(nodes) for name, nodes in found.items()}
 
 
-def expected_plan(was: tuple[str, str], to: tuple[str, str]) -> str:
-    """The plan line upgrade-driver.yml prints for the node, with the lab's nvidia_driver_reboot (false)."""
-    assert LAB_GPU_VARS["nvidia_driver_reboot"] is False
+def expected_plan(was: tuple[str, str], to: tuple[str, str], reboot: bool) -> str:
+    """The plan line upgrade-driver.yml prints for the node."""
     return (
         f"{NODE} (1 of 1): driver {was[1]} -> {to[1]} (branch {was[0]} -> {to[0]}): cordon, drain, stop the "
-        f"GPU clients of the cluster, install and hold the {to[0]} packages, remove the {was[0]} ones, no "
-        f"reboot (nvidia_driver_reboot is false: {REBOOT_MARKER} is left; the kernel modules are reloaded "
-        "where nothing holds the GPUs), verify through NVML (version, GPUs, GPU settings), check the CUDA of "
-        "the vLLM image, uncordon"
+        f"GPU clients of the cluster, install and hold the {to[0]} packages, remove the {was[0]} ones, "
+        + (
+            "reboot"
+            if reboot
+            else f"no reboot (nvidia_driver_reboot is false: {REBOOT_MARKER} is left; the kernel modules are "
+            "reloaded where nothing holds the GPUs)"
+        )
+        + ", verify through NVML (version, GPUs, GPU settings), check the CUDA of the vLLM image, uncordon"
     )
+
+
+def boot_ids() -> tuple[str, str, int]:
+    """The node's boot id as it reads it, as its Node reports it (the kubelet's), and how often podman started
+    its container again (the lab's power-on after a reboot: labctl.py's restart policy)."""
+    node_reads = sh(NODE, "cat /proc/sys/kernel/random/boot_id").strip()
+    reported = node_object()["status"]["nodeInfo"]["bootID"]
+    restarts = int(podman("inspect", NODE, "--format", "{{.RestartCount}}").stdout)
+    return node_reads, reported, restarts
 
 
 # ------------------------------------------------------------------------------------------ in the background
@@ -331,6 +378,15 @@ def lab() -> None:
         pytest.fail(
             f"{NODE}'s fake NVML (/usr/local/lib/fake-nvml/fake_nvml_ctl.py) is not this checkout's: "
             "make lab-up"
+        )
+    # a node that can reboot: its container comes back on (labctl.py), with a boot id of its own per boot and
+    # the simulated GPUs cleared (image/kernel/lab-proc-sys, fake_nvml/fake-nvml-boot.service)
+    policy = podman("inspect", NODE, "--format", "{{.HostConfig.RestartPolicy.Name}}").stdout.strip()
+    boot_unit = on_node(NODE, "systemctl is-enabled fake-nvml-boot.service").stdout.strip()
+    if policy != "always" or boot_unit != "enabled":
+        pytest.fail(
+            f"{NODE} cannot reboot on the lab (restart policy {policy!r}, fake-nvml-boot.service "
+            f"{boot_unit!r}): make lab-up"
         )
     cordoned = [
         n["metadata"]["name"]
@@ -414,6 +470,7 @@ def node_put_back(lab: None) -> Iterator[None]:
 # ------------------------------------------------------------------------------------------------- the test
 def test_gpu_node_2_moves_to_580_under_traffic_one_node_then_back(node_put_back: None) -> None:
     # 1. before
+    put_one_of_each_on_the_node()
     assert nvml() == runs(FROM[1])
     held_before = held()
     assert {f"nvidia-headless-{FROM[0]}", f"nvidia-utils-{FROM[0]}"} <= set(held_before), held_before
@@ -423,16 +480,18 @@ def test_gpu_node_2_moves_to_580_under_traffic_one_node_then_back(node_put_back:
     assert not gpu_clients_missing(), gpu_clients_missing()
     clients_before = gpu_client_pods()
     print(f"\nserving pods before, by node: {placement()}")
+    boot_before = boot_ids()
+    assert boot_before[0] == boot_before[1], boot_before
 
     # 2. the plan, and nothing changed
-    check = upgrade(*TO_580, "--check")
+    check = upgrade(*TO_580, *REBOOT, "--check")
     assert check.rc == 0, check.tail()
     out = flat(check.output)
     assert (
         "NVIDIA driver upgrade, one node at a time, in this order (the breaker allows 1 GPU node(s) out at "
         "once; cordoned by others now: none):"
     ) in out, check.tail()
-    assert expected_plan(FROM, TO) in out, check.tail()
+    assert expected_plan(FROM, TO, reboot=True) in out, check.tail()
     assert "Note: R535 is past its end of life (June 2026); R580 is the supported upgrade path" in out
     assert "Check mode: nothing was changed; run without --check to upgrade." in out
     assert check.changed_nothing() and NODE in check.recap, check.changed_tasks()
@@ -442,20 +501,23 @@ def test_gpu_node_2_moves_to_580_under_traffic_one_node_then_back(node_put_back:
 
     # 3. the upgrade, under traffic
     began = time.time()
-    with Traffic("lab-driver-upgrade") as traffic, NodeWatch() as watch:
-        run = upgrade(*TO_580)
+    with Traffic("lab-driver-upgrade", rebooting=NODE) as traffic, NodeWatch() as watch:
+        run = upgrade(*TO_580, *REBOOT)
     print(
         f"upgrade: rc {run.rc}, {time.time() - began:.0f} s; chat completions sent {traffic.sent}, "
-        f"failed {len(traffic.failures)}" + "".join(f"\n  {f}" for f in traffic.failures)
+        f"failed {len(traffic.failures)}, turned away from {NODE} while it was down {traffic.turned_away}"
+        + "".join(f"\n  {f}" for f in traffic.failures)
     )
     print(f"serving pods after, by node: {placement()}")
     assert run.rc == 0, run.tail()
+    assert not any(NODE in nodes for nodes in placement().values()), placement()  # the drain moved them
     assert run.changed()[NODE] > 0
     out = flat(run.output)
-    assert (
-        f"{NODE}: driver {FROM[1]} -> {TO[1]}, verified through NVML, not rebooted: {REBOOT_MARKER} is left "
-        "(nvidia_driver_reboot is false), uncordoned."
-    ) in out, run.tail()
+    assert f"{NODE}: driver {FROM[1]} -> {TO[1]}, verified through NVML, uncordoned." in out, run.tail()
+    # rebooted once: a new boot id, read by the node and reported by its kubelet; its container started again
+    boot_after = boot_ids()
+    assert boot_after[0] == boot_after[1] != boot_before[0], (boot_before, boot_after)
+    assert boot_after[2] == boot_before[2] + 1, (boot_before, boot_after)
     # the cluster's own GPU clients stopped for the driver work and started again, named
     stopping = ", ".join(
         f"{key.split('/')[0]}/{clients_before[key]['metadata']['name']}" for key in GPU_DAEMONSETS
@@ -490,7 +552,7 @@ def test_gpu_node_2_moves_to_580_under_traffic_one_node_then_back(node_put_back:
     assert f"NVIDIA driver {TO[0]} pinned to {TO[1]}" in pin and f"Pin: version {TO[1]}-*" in pin, pin
     (package_line,) = [line for line in pin.splitlines() if line.startswith("Package: /")]
     assert f"-{TO[0]}(" in package_line and FROM[0] not in package_line, package_line
-    assert on_node(NODE, f"test -e {REBOOT_MARKER}").returncode == 0, f"{REBOOT_MARKER} missing"
+    assert on_node(NODE, f"test -e {REBOOT_MARKER}").returncode != 0, f"{REBOOT_MARKER} left by a reboot"
     wait_for(f"the GPU clients back on {NODE}", lambda: not gpu_clients_missing(), PLUGIN_POD_START_S)
     node = node_object()
     assert not (node.get("spec") or {}).get("unschedulable"), f"{NODE} left cordoned"
@@ -499,7 +561,7 @@ def test_gpu_node_2_moves_to_580_under_traffic_one_node_then_back(node_put_back:
     history = json.loads(marks.get(AGENT_HISTORY, "[]"))
     assert history and history[-1]["action"] == "driver-upgrade" and history[-1]["by"] == "upgrade-driver.yml"
 
-    again = upgrade(*TO_580, "--check")
+    again = upgrade(*TO_580, *REBOOT, "--check")
     assert again.rc == 0, again.tail()
     out = flat(again.output)
     assert "Nothing to do: every node of the run runs its nvidia_driver_version." in out, again.tail()

@@ -26,20 +26,37 @@ REQUEST_TIMEOUT_S = 30
 REQUEST_PAUSE_S = 0.2  # between two requests: a steady client, not a load test on two cores
 
 
-def node_addresses() -> list[str]:
-    """Every node's node_ip (the lab inventory's), where the NodePort listens."""
+def node_ips() -> dict[str, str]:
+    """Each node's node_ip (the lab inventory's), where the NodePort listens."""
     groups = INVENTORY["all"]["children"]["k8s_cluster"]["children"]
-    return sorted(host["node_ip"] for group in groups.values() for host in group["hosts"].values())
+    return {name: host["node_ip"] for group in groups.values() for name, host in group["hosts"].items()}
+
+
+def chat_url(address: str) -> str:
+    return f"http://{address}:{NODE_PORT}/v1/chat/completions"
+
+
+# what urllib raises when the request did not reach the server whole: refused, no route, the connect timed
+# out, the connection gone while sending (an answer never began)
+NOT_REACHED = "not reached: "
 
 
 class Traffic:
     """Chat completions to the gateway's NodePort of every node in turn, one at a time, each on a new
     connection (urllib keeps none alive), from a thread, while the upgrade runs. A request fails when it gets
     no answer (refused, reset, timed out), an HTTP error, the gateway's fallback (no upstream answered) or an
-    answer without choices; each failure is kept with its time and target."""
+    answer without choices; each failure is kept with its time and target.
 
-    def __init__(self, client: str) -> None:
-        self.urls = [f"http://{address}:{NODE_PORT}/v1/chat/completions" for address in node_addresses()]
+    REBOOTING names a node the test powers through a reboot: a load balancer in front of the NodePorts takes
+    a node that is down out by its health check, so a request that could not reach that node (nothing was
+    sent whole: no request runs twice) goes to the next node instead, counted in turned_away, not failed. A
+    request that reached it and then failed is a failure."""
+
+    def __init__(self, client: str, rebooting: str | None = None) -> None:
+        ips = node_ips()
+        self.urls = [chat_url(address) for address in sorted(ips.values())]
+        self._rebooting_url = chat_url(ips[rebooting]) if rebooting else None
+        self.turned_away = 0
         self.token = jwt.encode(
             {"sub": client, "exp": int(time.time()) + 7200}, JWT_SECRET, algorithm="HS256"
         )
@@ -69,6 +86,8 @@ class Traffic:
                 document = json.loads(answer.read())
         except urllib.error.HTTPError as error:
             return f"HTTP {error.code}: {error.read()[:200]!r}"
+        except urllib.error.URLError as error:  # raised by the connect and the send, not by the answer
+            return f"{NOT_REACHED}{error.reason}"
         except (
             OSError,
             http.client.HTTPException,
@@ -82,9 +101,14 @@ class Traffic:
         return None
 
     def _run(self) -> None:
+        turn = 0
         while not self._stop.is_set():
-            url = self.urls[self.sent % len(self.urls)]
+            url = self.urls[turn % len(self.urls)]
+            turn += 1
             what = self.ask(url)
+            if what is not None and what.startswith(NOT_REACHED) and url == self._rebooting_url:
+                self.turned_away += 1  # the same request to the next node, at once
+                continue
             self.sent += 1
             if what is not None:
                 # the clock time too: to be matched with the gateway's logs and the cluster's events
