@@ -123,9 +123,9 @@ LONG_LAB_TESTS: dict[str, str] = {
         "on the converged lab"
     ),
     "test_driver_upgrade_on_lab.py": (
-        "3 min 52 s on 2026-12-05 (gpu-node-2's driver 535 -> 580 under traffic with a reboot, and back: two drains, two apt "
-        "branch changes, a reboot and a module reload, four runs of the playbook); in make "
-        "test: test_upgrade_driver_playbook.py (refusals, plan, breaker against a real API server), "
+        "3 min 52 s on 2026-12-05 (gpu-node-2's driver 535 -> 580 under traffic with a reboot, and back: "
+        "two drains, two apt branch changes, a reboot and a module reload, four runs of the playbook); in "
+        "make test: test_upgrade_driver_playbook.py (refusals, plan, breaker against a real API server), "
         "test_driver_packages.py (apt across the two branches, held, with the role's pin), "
         "test_fake_nvml_ctl.py (the CUDA version each branch reports, the driver package's module hook)"
     ),
