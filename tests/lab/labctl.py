@@ -313,7 +313,18 @@ def ensure_cluster_networks_unrouted() -> None:
     This machine, the nodes' gateway, would send it on to its default route, where this sandbox's HTTP proxy
     answers any connection (with a 404): an unreachable route here for each network, as on a site."""
     for network in cluster_networks():
-        subprocess.run(["ip", "route", "replace", "unreachable", network], check=True)
+        found = subprocess.run(
+            ["ip", "route", "show", "exact", network], capture_output=True, text=True, check=True
+        ).stdout.split()
+        if found[:2] == ["unreachable", network]:
+            continue
+        if found:
+            raise LabError(
+                f"this machine has a route for {network}, the cluster's network ({' '.join(found)}): the lab "
+                "would replace it with an unreachable one. Remove it, or give the lab's cluster another "
+                "network in roles/kubeadm_control_plane/defaults/main.yml"
+            )
+        subprocess.run(["ip", "route", "add", "unreachable", network], check=True)
 
 
 # the lab network's DNS server (the nodes resolve lab-mirror and each other through it): podman's
@@ -858,7 +869,7 @@ def cmd_destroy(_: argparse.Namespace) -> None:
     if podman("network", "exists", NETWORK, check=False).returncode == 0:
         podman("network", "rm", "-f", NETWORK)
         log(f"removed network {NETWORK}")
-    for network in cluster_networks():
+    for network in cluster_networks():  # the lab's own unreachable routes only
         subprocess.run(["ip", "route", "del", "unreachable", network], check=False, capture_output=True)
     # the current image and earlier builds it replaced (left untagged), all carry the inputs label
     built = set(podman("images", "-a", "-q", "--filter", "label=llm-lab.inputs").stdout.split())

@@ -26,7 +26,7 @@ from typing import Any
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
 import yaml  # noqa: E402
-from labrun import ADMIN_KUBECTL, NODES, ROOT, on_node, wait_for  # noqa: E402
+from labrun import ADMIN_KUBECTL, NODES, ROOT, env, on_node, wait_for  # noqa: E402
 from traffic import MODEL, Traffic  # noqa: E402
 
 CONTROL_PLANE = NODES[0]
@@ -102,7 +102,7 @@ def drain_round(worker: str, budget: bool) -> dict[str, Any]:
             "podman", "exec", CONTROL_PLANE, "sh", "-c",
             f"{ADMIN_KUBECTL} -n {SERVING} exec {pod} -- python3 -c {shlex.quote(PROBE)} {seconds}",
         ],
-        stdout=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, text=True, env=env(),
     )  # fmt: skip
     lines: list[str] = []
     out = probe.stdout
@@ -148,12 +148,24 @@ def main() -> int:
         results.append(drain_round(worker, budget=False))
         print(json.dumps(results[-1]), flush=True)
     finally:
-        on_node(CONTROL_PLANE, f"{ADMIN_KUBECTL} create -f - <<'EOF'\n{json.dumps(saved)}\nEOF")
-        for node in NODES:
-            on_node(CONTROL_PLANE, f"{ADMIN_KUBECTL} uncordon {node}")
-    results.append(drain_round(worker, budget=True))
-    print(json.dumps(results[-1]), flush=True)
+        put_back(saved)
+    try:
+        results.append(drain_round(worker, budget=True))
+        print(json.dumps(results[-1]), flush=True)
+    finally:
+        put_back(saved)
     return 0
+
+
+def put_back(budget: dict[str, Any]) -> None:
+    """The budget as the role applied it, every node schedulable."""
+    have = on_node(CONTROL_PLANE, f"{ADMIN_KUBECTL} -n kube-system get poddisruptionbudget coredns")
+    if have.returncode != 0:
+        made = on_node(CONTROL_PLANE, f"{ADMIN_KUBECTL} create -f - <<'EOF'\n{json.dumps(budget)}\nEOF")
+        if made.returncode != 0:
+            raise SystemExit(f"the CoreDNS budget could not be put back: {made.stderr}")
+    for node in NODES:
+        on_node(CONTROL_PLANE, f"{ADMIN_KUBECTL} uncordon {node}")
 
 
 if __name__ == "__main__":

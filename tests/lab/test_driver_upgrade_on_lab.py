@@ -66,7 +66,7 @@ from labrun import (
     running_nodes,
     wait_for,
 )
-from traffic import MODEL, Traffic
+from traffic import MODEL, Traffic, chat_url, node_ips
 from unit.role_render import RoleVars
 
 pytestmark = pytest.mark.lab
@@ -278,6 +278,7 @@ def put_one_of_each_on_the_node() -> None:
     moved = []
     for name in (GATEWAY, "vllm"):
         pods = kube_json(f"-n {SERVING} get pods -l app.kubernetes.io/name={name} {LIVE_PODS}")["items"]
+        assert pods, f"no {name} pod in {SERVING}"
         if not any(p["spec"].get("nodeName") == NODE for p in pods):
             moved.append(pods[0]["metadata"]["name"])
     if not moved:
@@ -289,7 +290,10 @@ def put_one_of_each_on_the_node() -> None:
         kubectl(f"-n {SERVING} delete pod {' '.join(moved)} --wait=false")
         wait_for(
             f"a gateway pod and a model replica on {NODE}",
-            lambda: all(NODE in nodes for nodes in placement().values()) and serving_whole() is None,
+            lambda: (
+                all(NODE in placement().get(name, []) for name in (GATEWAY, "vllm"))
+                and serving_whole() is None
+            ),
             2 * POD_START_S,
         )
     finally:
@@ -386,7 +390,7 @@ def lab() -> None:
     if policy != "always" or boot_unit != "enabled":
         pytest.fail(
             f"{NODE} cannot reboot on the lab (restart policy {policy!r}, fake-nvml-boot.service "
-            f"{boot_unit!r}): make lab-up"
+            f"{boot_unit!r}): make lab (it recreates nodes of an older lab configuration, then converges)"
         )
     cordoned = [
         n["metadata"]["name"]
@@ -505,12 +509,15 @@ def test_gpu_node_2_moves_to_580_under_traffic_one_node_then_back(node_put_back:
         run = upgrade(*TO_580, *REBOOT)
     print(
         f"upgrade: rc {run.rc}, {time.time() - began:.0f} s; chat completions sent {traffic.sent}, "
-        f"failed {len(traffic.failures)}, turned away from {NODE} while it was down {traffic.turned_away}"
+        f"failed {len(traffic.failures)}, turned away from {NODE} while down {len(traffic.turned_away)}"
         + "".join(f"\n  {f}" for f in traffic.failures)
+        + "".join(f"\n  turned away: {t}" for t in traffic.turned_away)
     )
     print(f"serving pods after, by node: {placement()}")
     assert run.rc == 0, run.tail()
-    assert not any(NODE in nodes for nodes in placement().values()), placement()  # the drain moved them
+    assert not any(NODE in placement().get(name, []) for name in (GATEWAY, "vllm")), placement()  # drained
+    # and the node's own NodePort answers again (a client turned away from it meanwhile comes back)
+    wait_for(f"{NODE}'s NodePort answering", lambda: traffic.ask(chat_url(node_ips()[NODE])) is None, 60)
     assert run.changed()[NODE] > 0
     out = flat(run.output)
     assert f"{NODE}: driver {FROM[1]} -> {TO[1]}, verified through NVML, uncordoned." in out, run.tail()

@@ -56,7 +56,7 @@ class Traffic:
         ips = node_ips()
         self.urls = [chat_url(address) for address in sorted(ips.values())]
         self._rebooting_url = chat_url(ips[rebooting]) if rebooting else None
-        self.turned_away = 0
+        self.turned_away: list[str] = []  # when, and why, as failures are kept
         self.token = jwt.encode(
             {"sub": client, "exp": int(time.time()) + 7200}, JWT_SECRET, algorithm="HS256"
         )
@@ -107,14 +107,17 @@ class Traffic:
             turn += 1
             what = self.ask(url)
             if what is not None and what.startswith(NOT_REACHED) and url == self._rebooting_url:
-                self.turned_away += 1  # the same request to the next node, at once
+                self.turned_away.append(self._stamp(what))  # the same request to the next node, at once
                 continue
             self.sent += 1
             if what is not None:
-                # the clock time too: to be matched with the gateway's logs and the cluster's events
-                at = time.strftime("%H:%M:%S")
-                self.failures.append(f"{time.monotonic() - self._began:7.1f} s ({at}) {url}: {what}")
+                self.failures.append(self._stamp(f"{url}: {what}"))
             self._stop.wait(REQUEST_PAUSE_S)
+
+    def _stamp(self, what: str) -> str:
+        """WHAT with the time since the start and the clock time (to be matched with the gateway's logs and
+        the cluster's events)."""
+        return f"{time.monotonic() - self._began:7.1f} s ({time.strftime('%H:%M:%S')}) {what}"
 
     def __enter__(self) -> Traffic:
         self._began = time.monotonic()

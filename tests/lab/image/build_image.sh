@@ -136,6 +136,13 @@ chroot "$root" systemctl enable ssh.service >/dev/null 2>&1
 # on the host, and its automount, triggered by several nodes booting at once, hung one node's
 # boot for systemd's whole 90 s job timeout (CI of 2026-12-02). systemd-logind runs, as on a
 # server: `shutdown -r` (what ansible.builtin.reboot runs) asks it, and fails where it is masked.
+# A privileged node sees this machine's virtual consoles: logind must not take or spawn on them.
+mkdir -p "$root/etc/systemd/logind.conf.d"
+cat >"$root/etc/systemd/logind.conf.d/lab-no-consoles.conf" <<'CONF'
+[Login]
+NAutoVTs=0
+ReserveVT=0
+CONF
 for unit in systemd-udevd.service systemd-udevd-control.socket systemd-udevd-kernel.socket \
   systemd-modules-load.service sys-kernel-config.mount systemd-remount-fs.service \
   getty@tty1.service console-getty.service \
