@@ -1,7 +1,7 @@
 """Does CoreDNS's PodDisruptionBudget keep cluster DNS answering through a drain? A measurement on the lab's
 real cluster (docs/benchmarks.md), not part of make test: it drains a node twice.
 
-    flock /tmp/lab.lock .venv/bin/python tests/lab/measure_coredns_drain.py
+    flock /tmp/lab.lock .venv/bin/python tests/lab/measure_coredns_drain.py [--uncached]
 
 kubeadm deploys CoreDNS with two replicas and a preferred anti-affinity only, and on a fresh lab both often
 land on one worker. Each round puts both replicas on one worker (the others cordoned while the Deployment
@@ -9,7 +9,8 @@ restarts), then drains that worker as an upgrade does (`kubectl drain`, which ho
 while a gateway pod on another node resolves the model's Service name every 0.2 s (getaddrinfo, through the
 pod's resolv.conf: kube-dns's ClusterIP) and a client sends chat completions (tests/lab/traffic.py). First
 without the budget (deleted), then with it (put back as the role applied it). Afterwards everything is put
-back: the budget there, every node schedulable.
+back: the budget there, every node schedulable. With --uncached, the CoreDNS image is first removed from the
+nodes the replacements will start on, as after an upgrade to a new CoreDNS.
 """
 
 from __future__ import annotations
@@ -93,8 +94,19 @@ def probe_pod(avoid: str) -> str:
     return ready[0]
 
 
-def drain_round(worker: str, budget: bool) -> dict[str, Any]:
+def forget_coredns_image(worker: str) -> None:
+    """The CoreDNS image removed from every node but WORKER, so a replacement has to pull it first, as after
+    `kubeadm upgrade apply` brought a new CoreDNS that only the nodes running it have pulled."""
+    image = kube_json("-n kube-system get deployment coredns")["spec"]["template"]["spec"]["containers"][0]
+    for node in NODES:
+        if node != worker:
+            on_node(node, f"crictl rmi {shlex.quote(image['image'])}")
+
+
+def drain_round(worker: str, budget: bool, uncached: bool) -> dict[str, Any]:
     both_on(worker)
+    if uncached:
+        forget_coredns_image(worker)
     pod = probe_pod(worker)
     seconds = 600
     probe = subprocess.Popen(
@@ -123,6 +135,7 @@ def drain_round(worker: str, budget: bool) -> dict[str, Any]:
     failed = [r for r in results if r[1] == "0"]
     return {
         "budget": budget,
+        "image_cached_elsewhere": not uncached,
         "worker": worker,
         "drain_s": round(drained),
         "resolutions": len(results),
@@ -137,6 +150,7 @@ def drain_round(worker: str, budget: bool) -> dict[str, Any]:
 
 
 def main() -> int:
+    uncached = "--uncached" in sys.argv[1:]
     worker = NODES[2]
     saved = kube_json("-n kube-system get poddisruptionbudget coredns")
     for key in ("resourceVersion", "uid", "creationTimestamp", "generation", "managedFields"):
@@ -145,12 +159,12 @@ def main() -> int:
     results = []
     try:
         kubectl("-n kube-system delete poddisruptionbudget coredns")
-        results.append(drain_round(worker, budget=False))
+        results.append(drain_round(worker, budget=False, uncached=uncached))
         print(json.dumps(results[-1]), flush=True)
     finally:
         put_back(saved)
     try:
-        results.append(drain_round(worker, budget=True))
+        results.append(drain_round(worker, budget=True, uncached=uncached))
         print(json.dumps(results[-1]), flush=True)
     finally:
         put_back(saved)
