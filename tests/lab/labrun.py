@@ -101,6 +101,18 @@ _AGENT_METRICS = (
 )
 
 
+def kube_json(*args: str, timeout: int = 300) -> Any:
+    """`kubectl ARGS -o json` as the cluster admin (ADMIN_KUBECTL) on the control plane, parsed.
+
+    Each of ARGS is one argument, shell-quoted: kube_json("-n", namespace, "get", "pod", name). A non-zero
+    exit fails the caller (AssertionError naming the arguments and kubectl's stderr); a caller that has to
+    tolerate one (NotFound, no cluster yet) runs on_node itself."""
+    quoted = shlex.join(args)
+    done = on_node(NODES[0], f"{ADMIN_KUBECTL} {quoted} -o json", timeout=timeout)
+    assert done.returncode == 0, f"kubectl {quoted}: {done.stderr}"
+    return json.loads(done.stdout)
+
+
 def take_back_agent_cordons(timeout: float = 30) -> list[str]:
     """After a test has cleared the GPU fault it injected: what an operator does once the GPUs are fine again.
 

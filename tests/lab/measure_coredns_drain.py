@@ -27,7 +27,7 @@ from typing import Any
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
 import yaml  # noqa: E402
-from labrun import ADMIN_KUBECTL, NODES, ROOT, env, on_node, wait_for  # noqa: E402
+from labrun import ADMIN_KUBECTL, NODES, ROOT, env, kube_json, on_node, wait_for  # noqa: E402
 from traffic import MODEL, Traffic  # noqa: E402
 
 CONTROL_PLANE = NODES[0]
@@ -59,12 +59,8 @@ def kubectl(args: str, timeout: int = 300) -> str:
     return done.stdout
 
 
-def kube_json(args: str) -> Any:
-    return json.loads(kubectl(f"{args} -o json"))
-
-
 def coredns_nodes() -> list[str]:
-    pods = kube_json("-n kube-system get pods -l k8s-app=kube-dns")["items"]
+    pods = kube_json("-n", "kube-system", "get", "pods", "-l", "k8s-app=kube-dns")["items"]
     return sorted(p["spec"].get("nodeName", "-") for p in pods if not p["metadata"].get("deletionTimestamp"))
 
 
@@ -83,7 +79,7 @@ def both_on(worker: str) -> None:
 
 
 def probe_pod(avoid: str) -> str:
-    pods = kube_json(f"-n {SERVING} get pods -l app.kubernetes.io/name=llm-gateway")["items"]
+    pods = kube_json("-n", SERVING, "get", "pods", "-l", "app.kubernetes.io/name=llm-gateway")["items"]
     ready = [
         p["metadata"]["name"]
         for p in pods
@@ -97,7 +93,8 @@ def probe_pod(avoid: str) -> str:
 def forget_coredns_image(worker: str) -> None:
     """The CoreDNS image removed from every node but WORKER, so a replacement has to pull it first, as after
     `kubeadm upgrade apply` brought a new CoreDNS that only the nodes running it have pulled."""
-    image = kube_json("-n kube-system get deployment coredns")["spec"]["template"]["spec"]["containers"][0]
+    deployment = kube_json("-n", "kube-system", "get", "deployment", "coredns")
+    image = deployment["spec"]["template"]["spec"]["containers"][0]
     for node in NODES:
         if node != worker:
             on_node(node, f"crictl rmi {shlex.quote(image['image'])}")
@@ -152,7 +149,7 @@ def drain_round(worker: str, budget: bool, uncached: bool) -> dict[str, Any]:
 def main() -> int:
     uncached = "--uncached" in sys.argv[1:]
     worker = NODES[2]
-    saved = kube_json("-n kube-system get poddisruptionbudget coredns")
+    saved = kube_json("-n", "kube-system", "get", "poddisruptionbudget", "coredns")
     for key in ("resourceVersion", "uid", "creationTimestamp", "generation", "managedFields"):
         saved["metadata"].pop(key, None)
     saved.pop("status", None)

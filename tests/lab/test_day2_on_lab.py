@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 import yaml
-from labrun import ROOT, on_node, playbook, running_nodes
+from labrun import ROOT, kube_json, on_node, playbook, running_nodes
 
 pytestmark = pytest.mark.lab
 
@@ -68,10 +68,6 @@ def sh(node: str, command: str, timeout: int = 300) -> str:
 
 def kubectl(*args: str) -> str:
     return sh(CONTROL_PLANE, f"{ADMIN} {shlex.join(args)}")
-
-
-def kube_json(*args: str) -> Any:
-    return json.loads(kubectl(*args, "-o", "json"))
 
 
 def wait_for(what: str, check: Callable[[], bool], timeout_s: float, every_s: float = 2) -> None:

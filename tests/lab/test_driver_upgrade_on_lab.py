@@ -60,6 +60,7 @@ from labrun import (
     PLUGIN_SELECTOR,
     ROOT,
     Run,
+    kube_json,
     on_node,
     playbook,
     podman,
@@ -135,12 +136,6 @@ def sh(node: str, command: str, timeout: int = 120) -> str:
     return done.stdout
 
 
-def kube_json(args: str) -> Any:
-    done = on_node(CONTROL_PLANE, f"{ADMIN_KUBECTL} {args} -o json", timeout=120)
-    assert done.returncode == 0, f"kubectl {args}: {done.stderr}"
-    return json.loads(done.stdout)
-
-
 def kubectl(args: str) -> None:
     sh(CONTROL_PLANE, f"{ADMIN_KUBECTL} {args}")
 
@@ -205,7 +200,7 @@ def installed_of_branch(branch: str, node: str = NODE) -> list[str]:
 
 
 def node_object() -> dict[str, Any]:
-    return dict(kube_json(f"get node {NODE}"))
+    return dict(kube_json("get", "node", NODE, timeout=120))
 
 
 def annotations(node: dict[str, Any]) -> dict[str, str]:
@@ -223,7 +218,7 @@ def gpu_client_pods() -> dict[str, dict[str, Any]]:
     """namespace/DaemonSet -> its pod on the node, for the GPU DaemonSets"""
     found = {}
     live_here = f"--field-selector=spec.nodeName={NODE},status.phase!=Failed,status.phase!=Succeeded"
-    for pod in kube_json(f"get pods -A {live_here}")["items"]:
+    for pod in kube_json("get", "pods", "-A", live_here, timeout=120)["items"]:
         owner = (pod["metadata"].get("ownerReferences") or [{}])[0].get("name")
         key = f"{pod['metadata']['namespace']}/{owner}"
         if key in GPU_DAEMONSETS:
@@ -240,7 +235,9 @@ def gpu_clients_missing() -> list[str]:
     missing += [
         f"no Ready pod of {key}" for key in GPU_DAEMONSETS if not (key in pods and pod_ready(pods[key]))
     ]
-    plugin = kube_json(f"get pods -A -l {PLUGIN_SELECTOR} --field-selector spec.nodeName={NODE}")["items"]
+    plugin = kube_json(
+        "get", "pods", "-A", "-l", PLUGIN_SELECTOR, "--field-selector", f"spec.nodeName={NODE}", timeout=120
+    )["items"]
     if not any(p["status"].get("phase") == "Running" for p in plugin):
         missing.append("no device plugin pod Running")
     node = node_object()
@@ -261,8 +258,8 @@ def gpu_clients_missing() -> list[str]:
 def serving_whole() -> str | None:
     """None when the gateway's Deployment and the model's StatefulSet have every replica ready; else which
     not."""
-    gateway = kube_json(f"-n {SERVING} get deployment {GATEWAY}")
-    model = kube_json(f"-n {SERVING} get statefulset {MODEL['name']}")
+    gateway = kube_json("-n", SERVING, "get", "deployment", GATEWAY, timeout=120)
+    model = kube_json("-n", SERVING, "get", "statefulset", MODEL["name"], timeout=120)
     short = [
         f"{kind} {name}: {obj['status'].get('readyReplicas', 0)} of {obj['spec']['replicas']} ready"
         for kind, name, obj in (("Deployment", GATEWAY, gateway), ("StatefulSet", MODEL["name"], model))
@@ -277,7 +274,9 @@ def put_one_of_each_on_the_node() -> None:
     and comes back on the node."""
     moved = []
     for name in (GATEWAY, "vllm"):
-        pods = kube_json(f"-n {SERVING} get pods -l app.kubernetes.io/name={name} {LIVE_PODS}")["items"]
+        pods = kube_json(
+            "-n", SERVING, "get", "pods", "-l", f"app.kubernetes.io/name={name}", LIVE_PODS, timeout=120
+        )["items"]
         assert pods, f"no {name} pod in {SERVING}"
         if not any(p["spec"].get("nodeName") == NODE for p in pods):
             moved.append(pods[0]["metadata"]["name"])
@@ -304,7 +303,7 @@ def put_one_of_each_on_the_node() -> None:
 def placement() -> dict[str, list[str]]:
     """The nodes each serving workload's pods run on (printed: what the drain had to move)."""
     found: dict[str, list[str]] = {}
-    for pod in kube_json(f"-n {SERVING} get pods {LIVE_PODS}")["items"]:
+    for pod in kube_json("-n", SERVING, "get", "pods", LIVE_PODS, timeout=120)["items"]:
         name = pod["metadata"]["labels"].get("app.kubernetes.io/name", "?")
         found.setdefault(name, []).append(pod["spec"].get("nodeName", "-"))
     return {name: sorted(nodes) for name, nodes in found.items()}
@@ -394,7 +393,7 @@ def lab() -> None:
         )
     cordoned = [
         n["metadata"]["name"]
-        for n in kube_json("get nodes")["items"]
+        for n in kube_json("get", "nodes", timeout=120)["items"]
         if (n.get("spec") or {}).get("unschedulable")
     ]
     assert not cordoned, (
@@ -479,7 +478,7 @@ def test_gpu_node_2_moves_to_580_under_traffic_one_node_then_back(node_put_back:
     held_before = held()
     assert {f"nvidia-headless-{FROM[0]}", f"nvidia-utils-{FROM[0]}"} <= set(held_before), held_before
     assert serving_whole() is None, serving_whole()
-    gateway_replicas = kube_json(f"-n {SERVING} get deployment {GATEWAY}")["spec"]["replicas"]
+    gateway_replicas = kube_json("-n", SERVING, "get", "deployment", GATEWAY, timeout=120)["spec"]["replicas"]
     assert gateway_replicas >= 2, f"the gateway runs {gateway_replicas} replica(s): a drain would stop it"
     assert not gpu_clients_missing(), gpu_clients_missing()
     clients_before = gpu_client_pods()

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import yaml
-from labrun import ADMIN_KUBECTL, NODES, PLUGIN_SELECTOR, ROOT, on_node, take_back_agent_cordons
+from labrun import ADMIN_KUBECTL, NODES, PLUGIN_SELECTOR, ROOT, kube_json, on_node, take_back_agent_cordons
 
 pytestmark = pytest.mark.lab
 
@@ -47,10 +47,6 @@ def kubectl(*args: str, stdin: str | None = None) -> str:
     if stdin is not None:
         command = f"printf '%s' {shlex.quote(stdin)} | {command}"
     return sh(CONTROL_PLANE, command)
-
-
-def kube_json(*args: str) -> Any:
-    return json.loads(kubectl(*args, "-o", "json"))
 
 
 def wait_for(what: str, check: Callable[[], bool], timeout: float = 90) -> None:

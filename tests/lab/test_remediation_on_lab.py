@@ -47,7 +47,16 @@ from typing import Any
 
 import pytest
 import yaml
-from labrun import ADMIN_KUBECTL, ROOT, on_node, playbook, podman, running_nodes, take_back_agent_cordons
+from labrun import (
+    ADMIN_KUBECTL,
+    ROOT,
+    kube_json,
+    on_node,
+    playbook,
+    podman,
+    running_nodes,
+    take_back_agent_cordons,
+)
 
 pytestmark = pytest.mark.lab
 
@@ -70,10 +79,6 @@ def sh(node: str, command: str) -> str:
 def kubectl(*args: str) -> str:
     quoted = " ".join("'" + a.replace("'", "'\\''") + "'" for a in args)
     return sh(CONTROL_PLANE, f"kubectl --kubeconfig /etc/kubernetes/admin.conf {quoted}")
-
-
-def kube_json(*args: str) -> Any:
-    return json.loads(kubectl(*args, "-o", "json"))
 
 
 def allocatable(node: str) -> str:
