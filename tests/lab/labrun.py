@@ -133,10 +133,8 @@ def take_back_agent_cordons(timeout: float = 30) -> list[str]:
                 break  # no agent on this node, or it no longer sees a fault it would cordon for
             assert time.monotonic() < deadline, f"{node}: the GPU health agent still reports it unhealthy"
             time.sleep(1)
-    listed = on_node(NODES[0], f"{ADMIN_KUBECTL} get nodes -o json", timeout=60)
-    assert listed.returncode == 0, listed.stderr
     taken_back = []
-    for item in json.loads(listed.stdout)["items"]:
+    for item in kube_json("get", "nodes", timeout=60)["items"]:
         name = item["metadata"]["name"]
         if not (item.get("spec") or {}).get("unschedulable"):
             continue
@@ -157,9 +155,7 @@ def has_cluster() -> bool:
 
 def cluster_nodes() -> list[dict[str, Any]]:
     """The lab cluster's Node objects, as the API server has them."""
-    listed = on_node(NODES[0], f"{ADMIN_KUBECTL} get nodes -o json", timeout=60)
-    assert listed.returncode == 0, listed.stderr
-    return list(json.loads(listed.stdout)["items"])
+    return list(kube_json("get", "nodes", timeout=60)["items"])
 
 
 # what the device plugin logs when it marks a GPU unhealthy (NVIDIA's plugin's words; the lab's stand-in,
@@ -173,10 +169,8 @@ def nodes_whose_plugin_marked_a_gpu_unhealthy(since: str) -> list[str]:
     next status update: a test that clears its fault and reads allocatable at once may still find every GPU
     offered, and leave the next test a node one GPU short (CI, 2026-12-05: gpu-node-2 offered 3 of its 4
     GPUs for 90 s after test_gpu_health_ecc_on_node2_gpu2)."""
-    listed = on_node(NODES[0], f"{ADMIN_KUBECTL} get pods -A -l {PLUGIN_SELECTOR} -o json", timeout=60)
-    assert listed.returncode == 0, listed.stderr
     marked = set()
-    for pod in json.loads(listed.stdout)["items"]:
+    for pod in kube_json("get", "pods", "-A", "-l", PLUGIN_SELECTOR, timeout=60)["items"]:
         name, namespace = pod["metadata"]["name"], pod["metadata"]["namespace"]
         logs = on_node(
             NODES[0], f"{ADMIN_KUBECTL} logs -n {namespace} {name} --since-time={since}", timeout=60
