@@ -144,7 +144,7 @@ def rollout_ready_timeout_s() -> int:
     """model_rollout_ready_timeout_s for the playbooks, from the stable StatefulSet as the cluster has it: its
     replicas replaced one at a time, each after the old pod's termination grace, started (POD_START_S: the
     simulator starts in seconds, where the product's default budgets a real model's weight loading)."""
-    spec = kube_json("-n", NAMESPACE, "get", "statefulset", MODEL, timeout=120)["spec"]
+    spec = kube_json("-n", NAMESPACE, "get", "statefulset", MODEL)["spec"]
     grace = int(spec["template"]["spec"].get("terminationGracePeriodSeconds", 30))
     return int(spec["replicas"]) * (grace + POD_START_S)
 
@@ -163,9 +163,9 @@ def flat(text: str) -> str:
 # --------------------------------------------------------------------------------------------- the gateway
 def gateway_pods() -> list[dict[str, Any]]:
     return list(
-        kube_json(
-            "-n", NAMESPACE, "get", "pods", LIVE_PODS, "-l", f"app.kubernetes.io/name={GATEWAY}", timeout=120
-        )["items"]
+        kube_json("-n", NAMESPACE, "get", "pods", LIVE_PODS, "-l", f"app.kubernetes.io/name={GATEWAY}")[
+            "items"
+        ]
     )
 
 
@@ -184,7 +184,7 @@ def gateway_rollout_bound_s(deployment: dict[str, Any]) -> float:
 def kube_proxy_sync_s() -> float:
     """kube-proxy's minSyncPeriod, from its configuration in the cluster (kubeadm's ConfigMap)."""
     config = yaml.safe_load(
-        kube_json("-n", "kube-system", "get", "configmap", "kube-proxy", timeout=120)["data"]["config.conf"]
+        kube_json("-n", "kube-system", "get", "configmap", "kube-proxy")["data"]["config.conf"]
     )
     configured = go_duration(str(config.get("minSyncPeriod") or "0s"))
     return configured or KUBE_PROXY_MIN_SYNC_S
@@ -194,7 +194,7 @@ def gateway_rolled_out() -> list[dict[str, Any]]:
     """Once the gateway runs only pods of the Deployment's current template, every one Ready and none
     terminating, and those are exactly the ready endpoints of its Service (what kube-proxy forwards the
     NodePort to): the pods. Waited for with the Deployment's own bound, then kube-proxy's sync period."""
-    deployment = kube_json("-n", NAMESPACE, "get", "deployment", GATEWAY, timeout=120)
+    deployment = kube_json("-n", NAMESPACE, "get", "deployment", GATEWAY)
     template = deployment["spec"]["template"]["metadata"].get("annotations") or {}
     checksums = {k: v for k, v in template.items() if k.startswith("checksum/")}
     replicas = int(deployment["spec"]["replicas"])
@@ -210,13 +210,7 @@ def gateway_rolled_out() -> list[dict[str, Any]]:
             if any(annotations.get(k) != v for k, v in checksums.items()):
                 return None
         slices = kube_json(
-            "-n",
-            NAMESPACE,
-            "get",
-            "endpointslices",
-            "-l",
-            f"kubernetes.io/service-name={GATEWAY}",
-            timeout=120,
+            "-n", NAMESPACE, "get", "endpointslices", "-l", f"kubernetes.io/service-name={GATEWAY}"
         )
         ready = {
             address
@@ -261,7 +255,7 @@ def running_weights() -> list[dict[str, int]]:
 
 def configured_weights() -> dict[str, int]:
     """MODEL's upstreams and weights in the gateway's ConfigMap, as the llm_gateway role rendered them."""
-    data = kube_json("-n", NAMESPACE, "get", "configmap", "llm-gateway-config", timeout=120)["data"]
+    data = kube_json("-n", NAMESPACE, "get", "configmap", "llm-gateway-config")["data"]
     config = yaml.safe_load(data["gateway.yaml"])
     return {u["name"]: u["weight"] for u in config["models"][MODEL]["upstreams"]}
 
@@ -275,7 +269,7 @@ def assert_gateway_routes(weights: dict[str, int]) -> None:
 def node_addresses() -> list[str]:
     return sorted(
         address["address"]
-        for node in kube_json("get", "nodes", timeout=120)["items"]
+        for node in kube_json("get", "nodes")["items"]
         for address in node["status"]["addresses"]
         if address["type"] == "InternalIP"
     )
@@ -299,7 +293,7 @@ COUNT_SUCCESSES = (
 def finished_requests() -> dict[tuple[str, str], float]:
     """(StatefulSet, pod uid) -> vllm:request_success_total of every running vLLM pod, read from a gateway pod
     (the serving NetworkPolicy admits the gateway on the pods' http port)."""
-    listed = kube_json("-n", NAMESPACE, "get", "pods", "-l", "app.kubernetes.io/name=vllm", timeout=120)
+    listed = kube_json("-n", NAMESPACE, "get", "pods", "-l", "app.kubernetes.io/name=vllm")
     pods = [
         p
         for p in listed["items"]
@@ -340,7 +334,7 @@ class Measured:
 def send(subs: list[str]) -> Measured:
     """One chat completion per `sub`, through the NodePort of every node in turn; each answer's upstream, and
     what the simulators counted meanwhile."""
-    service = kube_json("-n", NAMESPACE, "get", "service", GATEWAY, timeout=120)
+    service = kube_json("-n", NAMESPACE, "get", "service", GATEWAY)
     (node_port,) = [p["nodePort"] for p in service["spec"]["ports"]]
     clients = [
         openai.OpenAI(
@@ -385,7 +379,7 @@ def measure(phase: str) -> Measured:
 # ----------------------------------------------------------------------------------------------- monitoring
 def monitoring_port(deployment: str) -> int:
     return port(
-        kube_json("-n", MONITORING, "get", "deployment", deployment, timeout=120)["spec"]["template"]["spec"],
+        kube_json("-n", MONITORING, "get", "deployment", deployment)["spec"]["template"]["spec"],
         "http",
     )
 
@@ -421,7 +415,7 @@ class Timing:
 
 
 def instance_down_timing() -> Timing:
-    data = kube_json("-n", MONITORING, "get", "configmap", "prometheus-config", timeout=120)["data"]
+    data = kube_json("-n", MONITORING, "get", "configmap", "prometheus-config")["data"]
     config = yaml.safe_load(data["prometheus.yml"])["global"]
     rules = [r for g in yaml.safe_load(data["alert-rules.yml"])["groups"] for r in g["rules"]]
     (rule,) = [r for r in rules if r.get("alert") == "VllmInstanceDown"]
@@ -442,9 +436,9 @@ def every_vllm_pod_scraped() -> bool:
     """Prometheus scrapes every running vLLM pod, each up, and no VllmInstanceDown is pending or firing"""
     pods = {
         p["metadata"]["name"]
-        for p in kube_json(
-            "-n", NAMESPACE, "get", "pods", LIVE_PODS, "-l", "app.kubernetes.io/name=vllm", timeout=120
-        )["items"]
+        for p in kube_json("-n", NAMESPACE, "get", "pods", LIVE_PODS, "-l", "app.kubernetes.io/name=vllm")[
+            "items"
+        ]
     }
     up = {s["metric"].get("pod"): s["value"][1] for s in prometheus('up{job="vllm"}')}
     return bool(pods) and all(up.get(pod) == "1" for pod in pods) and not instance_down()
@@ -465,7 +459,7 @@ def canary_crashlooping() -> Iterator[dict[str, Any]]:
     as it was; the fault cleared afterwards, and waited for until the kubelet runs the simulator Ready again
     (its back-off, at most the kubelet's longest, then its startup and readiness probes)."""
     (pod,) = kube_json(
-        "-n", NAMESPACE, "get", "pods", LIVE_PODS, "-l", f"app.kubernetes.io/instance={CANARY}", timeout=120
+        "-n", NAMESPACE, "get", "pods", LIVE_PODS, "-l", f"app.kubernetes.io/instance={CANARY}"
     )["items"]
     name, node = pod["metadata"]["name"], pod["spec"]["nodeName"]
     assert pod_ready(pod), f"{name} must start Ready"
@@ -480,7 +474,7 @@ def canary_crashlooping() -> Iterator[dict[str, Any]]:
         on_node(node, "lab-kube-fault clear crashloop")
         wait_for(
             f"{name} running its simulator Ready again",
-            lambda: pod_ready(kube_json("-n", NAMESPACE, "get", "pod", name, timeout=120)),
+            lambda: pod_ready(kube_json("-n", NAMESPACE, "get", "pod", name)),
             longest_backoff + probes + POD_START_S,
         )
 
@@ -538,8 +532,7 @@ def test_canary_promote_rollback_move_the_running_gateways_weights(lab: None) ->
     )
     (address, *_) = node_addresses()
     (node_port,) = [
-        p["nodePort"]
-        for p in kube_json("-n", NAMESPACE, "get", "service", GATEWAY, timeout=120)["spec"]["ports"]
+        p["nodePort"] for p in kube_json("-n", NAMESPACE, "get", "service", GATEWAY)["spec"]["ports"]
     ]
     first = openai.OpenAI(
         base_url=f"http://{address}:{node_port}/v1", api_key="per-request", max_retries=0, timeout=30

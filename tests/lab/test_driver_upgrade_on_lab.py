@@ -200,7 +200,7 @@ def installed_of_branch(branch: str, node: str = NODE) -> list[str]:
 
 
 def node_object() -> dict[str, Any]:
-    return dict(kube_json("get", "node", NODE, timeout=120))
+    return dict(kube_json("get", "node", NODE))
 
 
 def annotations(node: dict[str, Any]) -> dict[str, str]:
@@ -218,7 +218,7 @@ def gpu_client_pods() -> dict[str, dict[str, Any]]:
     """namespace/DaemonSet -> its pod on the node, for the GPU DaemonSets"""
     found = {}
     live_here = f"--field-selector=spec.nodeName={NODE},status.phase!=Failed,status.phase!=Succeeded"
-    for pod in kube_json("get", "pods", "-A", live_here, timeout=120)["items"]:
+    for pod in kube_json("get", "pods", "-A", live_here)["items"]:
         owner = (pod["metadata"].get("ownerReferences") or [{}])[0].get("name")
         key = f"{pod['metadata']['namespace']}/{owner}"
         if key in GPU_DAEMONSETS:
@@ -236,7 +236,7 @@ def gpu_clients_missing() -> list[str]:
         f"no Ready pod of {key}" for key in GPU_DAEMONSETS if not (key in pods and pod_ready(pods[key]))
     ]
     plugin = kube_json(
-        "get", "pods", "-A", "-l", PLUGIN_SELECTOR, "--field-selector", f"spec.nodeName={NODE}", timeout=120
+        "get", "pods", "-A", "-l", PLUGIN_SELECTOR, "--field-selector", f"spec.nodeName={NODE}"
     )["items"]
     if not any(p["status"].get("phase") == "Running" for p in plugin):
         missing.append("no device plugin pod Running")
@@ -258,8 +258,8 @@ def gpu_clients_missing() -> list[str]:
 def serving_whole() -> str | None:
     """None when the gateway's Deployment and the model's StatefulSet have every replica ready; else which
     not."""
-    gateway = kube_json("-n", SERVING, "get", "deployment", GATEWAY, timeout=120)
-    model = kube_json("-n", SERVING, "get", "statefulset", MODEL["name"], timeout=120)
+    gateway = kube_json("-n", SERVING, "get", "deployment", GATEWAY)
+    model = kube_json("-n", SERVING, "get", "statefulset", MODEL["name"])
     short = [
         f"{kind} {name}: {obj['status'].get('readyReplicas', 0)} of {obj['spec']['replicas']} ready"
         for kind, name, obj in (("Deployment", GATEWAY, gateway), ("StatefulSet", MODEL["name"], model))
@@ -274,9 +274,9 @@ def put_one_of_each_on_the_node() -> None:
     and comes back on the node."""
     moved = []
     for name in (GATEWAY, "vllm"):
-        pods = kube_json(
-            "-n", SERVING, "get", "pods", "-l", f"app.kubernetes.io/name={name}", LIVE_PODS, timeout=120
-        )["items"]
+        pods = kube_json("-n", SERVING, "get", "pods", "-l", f"app.kubernetes.io/name={name}", LIVE_PODS)[
+            "items"
+        ]
         assert pods, f"no {name} pod in {SERVING}"
         if not any(p["spec"].get("nodeName") == NODE for p in pods):
             moved.append(pods[0]["metadata"]["name"])
@@ -303,7 +303,7 @@ def put_one_of_each_on_the_node() -> None:
 def placement() -> dict[str, list[str]]:
     """The nodes each serving workload's pods run on (printed: what the drain had to move)."""
     found: dict[str, list[str]] = {}
-    for pod in kube_json("-n", SERVING, "get", "pods", LIVE_PODS, timeout=120)["items"]:
+    for pod in kube_json("-n", SERVING, "get", "pods", LIVE_PODS)["items"]:
         name = pod["metadata"]["labels"].get("app.kubernetes.io/name", "?")
         found.setdefault(name, []).append(pod["spec"].get("nodeName", "-"))
     return {name: sorted(nodes) for name, nodes in found.items()}
@@ -393,7 +393,7 @@ def lab() -> None:
         )
     cordoned = [
         n["metadata"]["name"]
-        for n in kube_json("get", "nodes", timeout=120)["items"]
+        for n in kube_json("get", "nodes")["items"]
         if (n.get("spec") or {}).get("unschedulable")
     ]
     assert not cordoned, (
@@ -478,7 +478,7 @@ def test_gpu_node_2_moves_to_580_under_traffic_one_node_then_back(node_put_back:
     held_before = held()
     assert {f"nvidia-headless-{FROM[0]}", f"nvidia-utils-{FROM[0]}"} <= set(held_before), held_before
     assert serving_whole() is None, serving_whole()
-    gateway_replicas = kube_json("-n", SERVING, "get", "deployment", GATEWAY, timeout=120)["spec"]["replicas"]
+    gateway_replicas = kube_json("-n", SERVING, "get", "deployment", GATEWAY)["spec"]["replicas"]
     assert gateway_replicas >= 2, f"the gateway runs {gateway_replicas} replica(s): a drain would stop it"
     assert not gpu_clients_missing(), gpu_clients_missing()
     clients_before = gpu_client_pods()

@@ -137,7 +137,7 @@ def controller_manager_setting_s(flag: str) -> float:
 
 
 def ready_condition(node: str) -> dict[str, Any]:
-    item = kube_json("get", "node", node, timeout=120)
+    item = kube_json("get", "node", node)
     return next(c for c in item["status"]["conditions"] if c["type"] == "Ready")
 
 
@@ -253,12 +253,12 @@ def test_the_nodes_run_those_binaries_byte_for_byte() -> None:
 
 # ---------------------------------------------------------------------------------- 2. kubectl version
 def test_kubectl_version_reports_the_pinned_server() -> None:
-    version = kube_json("version", timeout=120)
+    version = kube_json("version")
     pin = "v" + str(ROLE_DEFAULTS["kubernetes"]["kubernetes_version"])
     assert version["serverVersion"]["gitVersion"] == pin, version["serverVersion"]
     assert version["clientVersion"]["gitVersion"] == pin, version["clientVersion"]
     assert version["serverVersion"]["gitTreeState"] == "clean"
-    for node in kube_json("get", "nodes", timeout=120)["items"]:
+    for node in kube_json("get", "nodes")["items"]:
         assert node["status"]["nodeInfo"]["kubeletVersion"] == pin, node["metadata"]["name"]
 
 
@@ -317,12 +317,12 @@ def live_monitoring_inputs() -> dict[str, Any]:
     (tasks/apply-workloads.yml): the API server's port (the kubernetes Service's EndpointSlice) and the
     Nodes' InternalIPs."""
     slices = kube_json(
-        "-n", "default", "get", "endpointslices", "-l", "kubernetes.io/service-name=kubernetes", timeout=120
+        "-n", "default", "get", "endpointslices", "-l", "kubernetes.io/service-name=kubernetes"
     )["items"]
     addresses = sorted(
         {
             address["address"]
-            for node in kube_json("get", "nodes", timeout=120)["items"]
+            for node in kube_json("get", "nodes")["items"]
             for address in node["status"]["addresses"]
             if address["type"] == "InternalIP"
         }
@@ -370,7 +370,7 @@ def test_every_rendered_object_is_accepted_by_the_api_server_strictly(tmp_path: 
     } <= kinds, kinds  # fmt: skip
     # the objects go into the namespaces the converged lab has (a dry run creates no namespace)
     namespaces = {obj["metadata"].get("namespace") for _, obj in objects} - {None}
-    existing = {item["metadata"]["name"] for item in kube_json("get", "namespaces", timeout=120)["items"]}
+    existing = {item["metadata"]["name"] for item in kube_json("get", "namespaces")["items"]}
     assert namespaces <= existing, f"namespaces missing: {namespaces - existing}: converge the lab (make lab)"
 
     applied = dry_run([obj for _, obj in objects], "lab-rendered-objects.json")
@@ -463,9 +463,7 @@ def apiserver_flag(flag: str) -> str:
 def cordoned_by_operator() -> Iterator[tuple[str, dt.datetime]]:
     """A node cordoned by the lab's operator with their own kubeconfig, and when; uncordoned afterwards."""
     node = NODES[2]
-    assert not kube_json("get", "node", node, timeout=120)["spec"].get("unschedulable"), (
-        f"{node} is cordoned already"
-    )
+    assert not kube_json("get", "node", node)["spec"].get("unschedulable"), f"{node} is cordoned already"
     started = dt.datetime.now(dt.UTC)  # the nodes share this machine's clock
     cordon = as_operator(f"kubectl cordon {node}")
     try:
@@ -515,8 +513,8 @@ def test_coredns_keeps_a_replica_through_a_drain() -> None:
     """kubeadm's CoreDNS gets the product's PodDisruptionBudget (role kubeadm_control_plane): it selects
     every CoreDNS Pod the Deployment runs, and with them Ready lets one at a time be evicted, so a drain of a
     node that holds both replicas leaves one answering."""
-    deployment = kube_json("-n", "kube-system", "get", "deployment", "coredns", timeout=120)
-    budget = kube_json("-n", "kube-system", "get", "poddisruptionbudget", "coredns", timeout=120)
+    deployment = kube_json("-n", "kube-system", "get", "deployment", "coredns")
+    budget = kube_json("-n", "kube-system", "get", "poddisruptionbudget", "coredns")
     replicas = int(deployment["spec"]["replicas"])
     assert replicas >= 2, deployment["spec"]
     status = budget["status"]
@@ -527,9 +525,7 @@ def test_coredns_keeps_a_replica_through_a_drain() -> None:
 def serving_pods(name: str) -> list[dict[str, Any]]:
     namespace = lab_values()["vllm_serving_namespace"]
     return list(
-        kube_json(
-            "-n", namespace, "get", "pods", LIVE_PODS, "-l", f"app.kubernetes.io/name={name}", timeout=120
-        )["items"]
+        kube_json("-n", namespace, "get", "pods", LIVE_PODS, "-l", f"app.kubernetes.io/name={name}")["items"]
     )
 
 
@@ -641,7 +637,7 @@ def unlabelled_pod() -> Iterator[tuple[str, str]]:
     deleted afterwards."""
     values = lab_values()
     namespace = values["vllm_serving_namespace"]
-    deployment = kube_json("-n", namespace, "get", "deployment", "llm-gateway", timeout=120)
+    deployment = kube_json("-n", namespace, "get", "deployment", "llm-gateway")
     gateway = deployment["spec"]["template"]["spec"]
     name = "lab-policy-probe"
     probe = {
@@ -694,14 +690,14 @@ def test_network_policies_hold_by_traffic(unlabelled_pod: tuple[str, str]) -> No
     # the gateway's own egress: vLLM and DNS only (Prometheus, for one, is refused)
     monitoring = values["monitoring_namespace"]
     prometheus = kube_json(
-        "-n", monitoring, "get", "pods", LIVE_PODS, "-l", "app.kubernetes.io/name=prometheus", timeout=120
+        "-n", monitoring, "get", "pods", LIVE_PODS, "-l", "app.kubernetes.io/name=prometheus"
     )
     for item in prometheus["items"]:
         elsewhere = in_pod(namespace, gateway_pod, CONNECT, item["status"]["podIP"], "9090")
         assert elsewhere.stdout.strip() == "refused", (elsewhere.stdout, elsewhere.stderr)
     # DNS: a Service's name resolves to its ClusterIP from a pod (the gateway's egress admits kube-dns)
     for model in values["vllm_serving_models"]:
-        spec = kube_json("-n", namespace, "get", "service", model["name"], timeout=120)["spec"]
+        spec = kube_json("-n", namespace, "get", "service", model["name"])["spec"]
         service = spec["clusterIP"]
         name = f"{model['name']}.{namespace}.svc.cluster.local"
         resolved = in_pod(namespace, gateway_pod, RESOLVE, name)
@@ -716,7 +712,7 @@ def test_network_policies_hold_by_traffic(unlabelled_pod: tuple[str, str]) -> No
 
 def test_prometheus_scrapes_every_target_it_discovers() -> None:
     namespace = lab_values()["monitoring_namespace"]
-    data = kube_json("-n", namespace, "get", "configmap", "prometheus-config", timeout=120)["data"]
+    data = kube_json("-n", namespace, "get", "configmap", "prometheus-config")["data"]
     config = yaml.safe_load(data["prometheus.yml"])
     jobs = {job["job_name"] for job in config["scrape_configs"]}
     interval = go_duration(config["global"]["scrape_interval"])
@@ -802,7 +798,7 @@ def test_kubelet_stopped_makes_the_node_unknown_after_the_grace_period(kubelet_s
     assert condition["message"] == "Kubelet stopped posting node status.", condition
 
     def unreachable() -> bool:
-        taints = kube_json("get", "node", node, timeout=120)["spec"].get("taints") or []
+        taints = kube_json("get", "node", node)["spec"].get("taints") or []
         return any(taint["key"] == "node.kubernetes.io/unreachable" for taint in taints)
 
     # the node controller taints it on its next pass, so that pods that do not tolerate it leave
@@ -810,12 +806,12 @@ def test_kubelet_stopped_makes_the_node_unknown_after_the_grace_period(kubelet_s
 
 
 def allocatable_gpus(node: str) -> str:
-    return str(kube_json("get", "node", node, timeout=120)["status"]["allocatable"].get(GPU, "absent"))
+    return str(kube_json("get", "node", node)["status"]["allocatable"].get(GPU, "absent"))
 
 
 def plugin_pods(node: str) -> list[dict[str, Any]]:
     """The device plugin's pods on NODE (its upstream image's name, owned by its DaemonSet)."""
-    pods = kube_json("get", "pods", "-A", "--field-selector", f"spec.nodeName={node}", timeout=120)["items"]
+    pods = kube_json("get", "pods", "-A", "--field-selector", f"spec.nodeName={node}")["items"]
     return [
         p
         for p in pods
@@ -840,7 +836,7 @@ def plugin_unregistered() -> Iterator[tuple[str, str, float]]:
     kubelet's nodeStatusUpdateFrequency. Afterwards, as on-call would, its pod replaced if the GPUs are not
     back, and waited for until the node offers them all again."""
     node = PLUGIN_NODE
-    gpus = str(kube_json("get", "node", node, timeout=120)["status"]["capacity"][GPU])
+    gpus = str(kube_json("get", "node", node)["status"]["capacity"][GPU])
     assert allocatable_gpus(node) == gpus, f"{node} must start with every GPU allocatable"
     # read before the fault: it restarts the kubelet, whose /configz then refuses connections until it is up
     # again (CI, 2026-12-04: read just after the fault, "dial tcp ...:10250: connect: connection refused")
@@ -941,7 +937,7 @@ def test_a_crash_looping_pod_goes_crash_loop_back_off_with_its_restarts_counted(
         return min(CRASHLOOP_FIRST_BACKOFF_S * 2**restart, longest)
 
     def status() -> dict[str, Any]:
-        item = kube_json("-n", CRASHLOOP_NAMESPACE, "get", "pod", crashlooping_pod, timeout=120)
+        item = kube_json("-n", CRASHLOOP_NAMESPACE, "get", "pod", crashlooping_pod)
         (container,) = item["status"].get("containerStatuses") or [{}]
         return dict(container)
 
@@ -976,7 +972,6 @@ def test_a_crash_looping_pod_goes_crash_loop_back_off_with_its_restarts_counted(
         "events",
         "--field-selector",
         f"involvedObject.name={crashlooping_pod},reason=BackOff",
-        timeout=120,
     )["items"]
     assert any("Back-off restarting failed container" in e.get("message", "") for e in events), events
 
