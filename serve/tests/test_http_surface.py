@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from gwtest import auth_headers, chat_body
+from gwtest import auth_headers, chat_body, wait_for
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "gateway.yaml"
 
@@ -19,6 +19,8 @@ def test_surface(make_sim: Any, make_gateway: Any, client: httpx.Client) -> None
         {"m": [{"name": "a", "url": sim.url, "served_model": "m"}]}, limits={"max_body_bytes": 2048}
     )
     assert client.get(gw.url + "/health").json() == {"status": "ok"}
+    # ready once the first probe has reached the upstream (test_resilience.py: not before)
+    assert wait_for(lambda: client.get(gw.url + "/ready").status_code == 200)
     assert client.get(gw.url + "/ready").json() == {"status": "ready", "models": {"m": True}}
     assert client.get(gw.url + "/v1/models").status_code == 401
     assert client.get(gw.url + "/v1/models", headers=auth_headers()).json()["data"][0]["id"] == "m"

@@ -80,6 +80,46 @@ def test_failing_health_probe_opens_and_healthy_probe_closes(
     assert client.get(gw.url + "/ready").status_code == 200
 
 
+def test_not_ready_until_an_upstream_has_been_reached(
+    make_sim: Any, make_gateway: Any, client: httpx.Client
+) -> None:
+    """A breaker starts closed, so closed alone is not "reachable": a new replica whose upstream does
+    not answer yet (its Service name not resolving, its connects timing out, as after a drain) must not
+    be Ready, or clients are sent to it while the replicas that can reach the model are there."""
+    sim = make_sim(health_fail=True)
+    gw = make_gateway(
+        {"m": [{"name": "a", "url": sim.url, "served_model": "m"}]},
+        breaker={"failures_to_open": 1000, "open_s": 600, "probe_interval_s": 0.05},
+    )
+    upstream = lambda: gw.gateway.runtime.upstreams()[0]  # noqa: E731
+    assert wait_for(lambda: gw.bg.call(lambda: upstream().last_probe) is not None)
+    for _ in range(3):  # several failed probes, the breaker still closed: not ready
+        ready = client.get(gw.url + "/ready")
+        assert ready.status_code == 503 and ready.json() == {"status": "not_ready", "models": {"m": False}}
+        assert _breaker(gw, "a") == "CLOSED"
+    assert gw.bg.call(lambda: upstream().breaker.snapshot()["reached"]) is False
+    sim.configure(health_fail=False)
+    assert wait_for(lambda: client.get(gw.url + "/ready").status_code == 200)
+    # reached stays: a later failure is the breaker's to judge, not a return to "never reached"
+    sim.configure(health_fail=True)
+    assert wait_for(lambda: gw.bg.call(lambda: upstream().last_probe["ok"]) is False)
+    assert client.get(gw.url + "/ready").status_code == 200
+    assert gw.bg.call(lambda: upstream().breaker.snapshot()["reached"]) is True
+
+
+def test_an_answered_request_counts_as_reached(
+    make_sim: Any, make_gateway: Any, client: httpx.Client
+) -> None:
+    sim = make_sim(health_fail=True)
+    gw = make_gateway(
+        {"m": [{"name": "a", "url": sim.url, "served_model": "m"}]},
+        breaker={"failures_to_open": 1000, "open_s": 600, "probe_interval_s": 600},
+    )
+    assert client.get(gw.url + "/ready").status_code == 503
+    assert _post(client, gw, chat_body()).status_code == 200
+    assert client.get(gw.url + "/ready").status_code == 200
+
+
 def test_failover_to_next_upstream_when_first_is_down(
     make_sim: Any, make_gateway: Any, client: httpx.Client
 ) -> None:

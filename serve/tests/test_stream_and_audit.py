@@ -205,7 +205,7 @@ def test_models_listing_is_audited_rejected_or_not(
     assert listed.status_code == 200 and listed.json()["data"][0]["id"] == "m"
     # liveness and readiness probes are not audited (they never reach auth)
     assert client.get(gw.url + "/health").status_code == 200
-    assert client.get(gw.url + "/ready").status_code == 200
+    assert wait_for(lambda: client.get(gw.url + "/ready").status_code == 200)
     records = gw.audit_records(3)
     assert [r["endpoint"] for r in records] == ["models"] * 3
     first, second, ok = records

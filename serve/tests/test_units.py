@@ -135,6 +135,23 @@ def test_breaker_cycle() -> None:
     assert breaker.state is BreakerState.CLOSED
 
 
+def test_reached_only_by_a_success_and_never_lost() -> None:
+    for success in ("request", "probe"):
+        breaker = CircuitBreaker(failures_to_open=100, open_s=10, clock=Clock())
+        assert breaker.state is BreakerState.CLOSED and not breaker.reached  # closed is not reached
+        breaker.record_failure("connect timed out")
+        breaker.record_probe(False, "timed out")
+        breaker.record_neutral()
+        assert not breaker.reached and not breaker.snapshot()["reached"]
+        if success == "request":
+            breaker.record_success()
+        else:
+            breaker.record_probe(True)
+        assert breaker.reached and breaker.snapshot()["reached"]
+        breaker.record_failure("down")
+        assert breaker.reached
+
+
 def test_overload_neither_opens_nor_closes() -> None:
     clock = Clock()
     breaker = CircuitBreaker(failures_to_open=1, open_s=10, clock=clock)

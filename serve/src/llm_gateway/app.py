@@ -167,7 +167,7 @@ def create_public_app(gateway: Gateway) -> FastAPI:
 
     @app.get(
         "/ready",
-        summary="Readiness: every configured model has a usable upstream",
+        summary="Readiness: every configured model has a usable upstream that has been reached",
         response_model=None,
         responses={
             200: {"model": HealthStatus, "description": "Ready"},
@@ -175,9 +175,14 @@ def create_public_app(gateway: Gateway) -> FastAPI:
         },
     )
     async def ready() -> Response:
+        # usable: its breaker lets requests through; reached: a request or probe through it has
+        # succeeded once. A new replica (a drain moved it) is not Ready while it cannot reach its
+        # upstreams yet (their Service names not resolving, their connects timing out), so clients
+        # stay on the replicas that can.
         rt = gateway.runtime
         models = {
-            name: any(u.weight > 0 and u.breaker.usable() for u in ups) for name, ups in rt.models.items()
+            name: any(u.weight > 0 and u.breaker.usable() and u.breaker.reached for u in ups)
+            for name, ups in rt.models.items()
         }
         ok = all(models.values())
         body = orjson.dumps({"status": "ready" if ok else "not_ready", "models": models})

@@ -5,6 +5,10 @@ half_open --(trial request or probe succeeds)--> closed;  half_open --(failure)-
 
 Overload answers (429/503 from vLLM's queue) are neither success nor failure: the upstream is
 healthy, just full.
+
+`reached` is set by the first success (an answered request or a healthy probe) and stays set: a
+breaker starts closed, so closed alone does not say the upstream can be reached at all. /ready counts
+an upstream only once it has been reached.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ class CircuitBreaker:
         self._trial_in_flight = False
         self.times_opened = 0
         self.last_failure: str | None = None
+        self.reached = False
 
     def reconfigure(self, failures_to_open: int, open_s: float) -> None:
         self.failures_to_open = failures_to_open
@@ -68,6 +73,7 @@ class CircuitBreaker:
         return False
 
     def record_success(self) -> None:
+        self.reached = True
         self._failures = 0
         self._trial_in_flight = False
         self._state = BreakerState.CLOSED
@@ -92,6 +98,7 @@ class CircuitBreaker:
     def record_probe(self, ok: bool, reason: str | None = None) -> None:
         state = self.state
         if ok:
+            self.reached = True
             # a healthy probe closes a half-open breaker, but does not excuse request failures
             if state is BreakerState.HALF_OPEN:
                 self.record_success()
@@ -111,6 +118,7 @@ class CircuitBreaker:
             "consecutive_failures": self._failures,
             "times_opened": self.times_opened,
             "last_failure": self.last_failure,
+            "reached": self.reached,
         }
         if state is BreakerState.OPEN:
             snap["reopens_in_s"] = round(max(self.open_s - (self._clock() - self._opened_at), 0.0), 3)

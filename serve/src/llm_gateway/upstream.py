@@ -100,7 +100,9 @@ class Upstream:
             self._probe_task = asyncio.create_task(self._probe_loop(), name=f"probe {self.model}/{self.name}")
 
     async def _probe_loop(self) -> None:
-        # spread the probes of many upstreams over the interval
+        # the first probe at once: until an upstream has been reached, /ready does not count it
+        await self.probe_once()
+        # then the probes of many upstreams spread over the interval
         await asyncio.sleep(random.uniform(0, self._breaker_config.probe_interval_s))
         while True:
             await self.probe_once()
