@@ -26,6 +26,10 @@ kubernetes.core.k8s wait). Kinds:
   other       anything else
 
 A task whose name the repository does not have (a name changed since the log was taken) is "unknown".
+
+Module runs: the results of tasks that run a module on a host (every kind but controller, include and arg
+specs), one per host and loop item that was not skipped. On the lab each costs about 0.4 s of a core on the
+node (docs/benchmarks.md, "The no-op site run's floor"), so with the task headers they set a run's floor.
 """
 
 from __future__ import annotations
@@ -86,6 +90,10 @@ KIND_ORDER = [
     "facts", "arg specs", "controller", "include", "file", "package", "service", "command", "kernel", "api",
     "gpu module", "wait", "other", "unknown",
 ]  # fmt: skip
+# kinds whose tasks run no module on a host: everything else runs one per host and loop item it does not skip
+CONTROLLER_KINDS = frozenset({"arg specs", "controller", "include"})
+# the results of a module run (a skipped host or item ran nothing)
+RAN = frozenset({"ok", "changed", "failed", "fatal"})
 
 
 @dataclasses.dataclass
@@ -104,6 +112,8 @@ class Task:
     seconds: float = 0.0
     hosts: set[str] = dataclasses.field(default_factory=set)
     items: int = 0
+    # results of a module run: one per host, or per host and loop item (a copy or template makes two calls)
+    runs: int = 0
     kind: str = "unknown"
     module: str = ""
     path: str = ""
@@ -236,6 +246,8 @@ def parse(lines, index=None) -> list[Task]:
             current.hosts.add(match["host"].split(" -> ")[0])
             if "(item=" in line:
                 current.items += 1
+            if match["status"] in RAN and current.kind not in CONTROLLER_KINDS:
+                current.runs += 1
     return tasks
 
 
@@ -254,7 +266,9 @@ def report(tasks: list[Task], top: int = 20, repeated: int = 15) -> str:
     host_runs = collections.Counter(h for t in tasks for h in t.hosts)
     out = [
         f"{len(tasks)} task headers, {total:.1f} s of task time; task executions per host: "
-        + ", ".join(f"{host} {n}" for host, n in sorted(host_runs.items())),
+        + ", ".join(f"{host} {n}" for host, n in sorted(host_runs.items()))
+        + f"; module runs on the hosts: {sum(t.runs for t in tasks)} (one per host and loop item; a copy or "
+        "template of a file in place is two module calls)",
         "",
     ]
 
@@ -292,11 +306,12 @@ def report(tasks: list[Task], top: int = 20, repeated: int = 15) -> str:
         group = groups[kind]
         seconds = sum(t.seconds for t in group)
         per = seconds / len(group)
-        rows.append([kind, len(group), f"{seconds:.1f}", _share(seconds, total), f"{per:.2f}"])
+        runs = sum(t.runs for t in group)
+        rows.append([kind, len(group), f"{seconds:.1f}", _share(seconds, total), f"{per:.2f}", runs])
     out += [
         "### By kind",
         "",
-        _table(["kind", "tasks", "seconds", "share", "s per task"], rows),
+        _table(["kind", "tasks", "seconds", "share", "s per task", "module runs"], rows),
         "",
     ]
 

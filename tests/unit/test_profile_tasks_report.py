@@ -183,3 +183,32 @@ def test_validation_counts_the_checks_and_the_record_of_what_a_stage_validated(p
     tasks = {t.title: t for t in profile.parse(log.splitlines())}
     assert (tasks[record].kind, tasks[record].module) == ("controller", "set_fact")
     assert profile._is_validation(tasks[record])
+
+
+def test_module_runs_count_each_host_and_item_that_ran_a_module(profile):
+    """What a no-op run's floor is made of (docs/benchmarks.md, fourteenth session): a module call per host
+    and loop item, none for the controller's own tasks or for a host or item that was skipped."""
+    log = LOG.replace(
+        "TASK [common : Install the base packages] **************************************\n"
+        "Tuesday 01 December 2026  18:35:15 +0000 (0:00:01.000)       0:00:04.813 ******\n",
+        "TASK [common : Install the base packages] **************************************\n"
+        "Tuesday 01 December 2026  18:35:15 +0000 (0:00:01.000)       0:00:04.813 ******\n"
+        "skipping: [gpu-node-3]\n",
+    )
+    tasks = {t.title: t for t in profile.parse(log.splitlines())}
+    assert tasks["common : Install the base packages"].runs == 2
+    assert tasks["common : Read who Ansible logs in as, before sudo"].runs == 4
+    # a delegated result is a module run too, where it was delegated
+    assert tasks["calico : Wait until calico-node runs Ready on every node"].runs == 1
+    for controller_only in (
+        "check_argument_types : Check the variable types of role common",
+        "Check the types of the common variables",
+        "common : Validating arguments against arg spec 'main' - Baseline for the cluster's servers",
+    ):
+        assert tasks[controller_only].runs == 0, controller_only
+    text = profile.report(list(tasks.values()))
+    # facts 2, the command loop 4, the packages 2, Calico's apply 1 and its wait 1
+    assert "module runs on the hosts: 10 " in text.splitlines()[0]
+    kind_rows = {line.split(" | ")[0].strip("| "): line for line in text.split("### By kind")[1].splitlines()}
+    assert kind_rows["command"].endswith("| 4 |")
+    assert kind_rows["controller"].endswith("| 0 |")
