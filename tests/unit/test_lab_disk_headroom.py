@@ -69,3 +69,5 @@ def test_a_disk_under_the_kubelets_threshold_is_refused_with_the_numbers(disk: D
     message = str(refused.value)
     assert "has 38.0 GiB free" in message and f"needs {THRESHOLD / GIB:.1f} GiB" in message, message
     assert "imagefs.available threshold, 15% of the disk" in message and "DiskPressure" in message, message
+    # and what can go: Go's build cache is the largest thing a first `make lab` leaves (docs/lab.md)
+    assert "`go clean -cache`" in message and "`podman image prune`" in message, message
