@@ -406,8 +406,7 @@ def ensure_disk_headroom() -> None:
             f"kubelet's imagefs.available threshold, {KUBELET_IMAGEFS_AVAILABLE:.0%} of the disk, plus "
             f"{LAB_DISK_MARGIN / gib:.0f} GiB for a test run), or every node goes DiskPressure and its pods "
             "are evicted; free space (old checkouts, `podman image prune`, Go's build cache: `go clean "
-            "-cache`, about 13 GiB after the lab's first build, whose programs stay built in "
-            "~/.cache/llm-lab/go) and run it again"
+            "-cache`; docs/lab.md, Troubleshooting) and run it again"
         )
     log(f"disk: {free / 2**30:.1f} GiB free, old lab image builds removed")
 
