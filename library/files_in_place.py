@@ -1,0 +1,463 @@
+#!/usr/bin/python
+"""Ansible module files_in_place: which of a role's managed paths differ from what the role writes."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: files_in_place
+short_description: Tell which of a role's managed paths are not as the role would write them
+description:
+  - In one module call, compares each path in O(files) with what the role's write tasks
+    (M(ansible.builtin.template), M(ansible.builtin.copy), M(ansible.builtin.file)) would make of it (its
+    content as a SHA-1 digest, owner, group, mode and kind, or that nothing is there).
+  - Meant to run first in a role, registered, so that each write task runs only C(when) its path is in
+    RV(differ). A write task costs two module calls even when it changes nothing; on a run where everything
+    is in place the role then costs this one call instead.
+  - "Caveat: the role must list every path its write tasks manage. A write task skipped because its path is
+    not in RV(differ) never runs, so drift on a path left out of O(files) goes unseen and is never put
+    right."
+  - Never changes anything; C(changed) is always false, and it runs the same in check mode.
+  - "O(files[].state=file) and O(files[].state=directory) follow symlinks (C(os.stat)), as the write
+    modules do at their destination: a link to a file in place is in place, and a dangling link counts as
+    missing. O(files[].state=absent) does not follow them: anything at the path, a dangling link included,
+    differs."
+  - "A path the module cannot read or look into (permission denied) fails the task; run it with
+    C(become: true), as the role's write tasks run."
+version_added: "0.1.0"
+author: "A100 LLM platform team"
+options:
+  files:
+    description:
+      - The paths the role's write tasks manage, each with what the role writes there.
+      - A path may be listed once only.
+    type: list
+    elements: dict
+    required: true
+    suboptions:
+      path:
+        description: Absolute path on the target.
+        type: str
+        required: true
+      state:
+        description:
+          - V(file) a regular file, V(directory) a directory, V(absent) nothing at all.
+        type: str
+        choices: [file, directory, absent]
+        default: file
+      checksum:
+        description:
+          - The SHA-1 digest (40 lowercase hex digits) of the content the role writes, for example
+            V({{ lookup('ansible.builtin.template', 'x.j2'\) | hash('sha1'\) }}) for a template or
+            V({{ content | hash('sha1'\) }}) for a copy's content.
+          - Only with O(files[].state=file). When left out, the content is not compared.
+        type: str
+      owner:
+        description:
+          - User name or numeric uid the path must belong to, compared by uid. A name that does not
+            resolve on the target makes the path differ (it does not fail the task).
+          - Not with O(files[].state=absent).
+        type: str
+      group:
+        description:
+          - Group name or numeric gid, compared by gid. A name that does not resolve on the target makes
+            the path differ.
+          - Not with O(files[].state=absent).
+        type: str
+      mode:
+        description:
+          - Permission bits as an octal string of 3 or 4 digits (V("0644"), V("644"), V("2755")), compared
+            with the path's permission bits (C(stat.S_IMODE)).
+          - Quote it. YAML reads an unquoted V(0644) as the number 420, and the module rejects a number.
+          - Not with O(files[].state=absent).
+        type: raw
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+extends_documentation_fragment:
+  - llm_platform
+notes:
+  - The checksum is compared with the file's content read in full, so a large file costs a read. Content
+    written by M(ansible.builtin.template) is the rendered template; hash what the role renders, with the
+    same variables.
+seealso:
+  - module: ansible.builtin.stat
+  - module: ansible.builtin.template
+"""
+
+EXAMPLES = r"""
+- name: Find which of containerd's files differ from what the role writes
+  files_in_place:
+    files:
+      - path: /etc/containerd/config.toml
+        checksum: "{{ lookup('ansible.builtin.template', 'config.toml.j2') | hash('sha1') }}"
+        owner: root
+        group: root
+        mode: "0644"
+      - path: /etc/containerd/conf.d
+        state: directory
+        mode: "0755"
+  register: containerd_files
+
+- name: Write containerd's configuration
+  ansible.builtin.template:
+    src: config.toml.j2
+    dest: /etc/containerd/config.toml
+    owner: root
+    group: root
+    mode: "0644"
+  when: "'/etc/containerd/config.toml' in containerd_files.differ"
+
+- name: Make containerd's drop-in directory
+  ansible.builtin.file:
+    path: /etc/containerd/conf.d
+    state: directory
+    mode: "0755"
+  when: "'/etc/containerd/conf.d' in containerd_files.differ"
+
+- name: A file the role writes with ansible.builtin.copy, and one it removes
+  files_in_place:
+    files:
+      - path: /etc/modules-load.d/containerd.conf
+        checksum: "{{ containerd_modules_load | hash('sha1') }}"
+        mode: "0644"
+      - path: /etc/containerd/config.toml.dpkg-old
+        state: absent
+  become: true
+  register: containerd_files
+"""
+
+RETURN = r"""
+differ:
+  description: The paths that are not as the role would write them, in the order of O(files).
+  returned: always
+  type: list
+  elements: str
+  sample: ["/etc/containerd/config.toml"]
+reasons:
+  description: For each path in RV(differ), why it differs, in short words.
+  returned: always
+  type: dict
+  sample:
+    /etc/containerd/config.toml: ["content differs", "mode 0600, want 0644"]
+    /etc/containerd/conf.d: ["missing"]
+in_place:
+  description: True when every path is as the role would write it (RV(differ) is empty).
+  returned: always
+  type: bool
+  sample: false
+checked:
+  description: The number of entries of O(files) checked.
+  returned: always
+  type: int
+  sample: 2
+"""
+
+import grp
+import hashlib
+import os
+import pwd
+import re
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ansible.module_utils.basic import AnsibleModule
+
+CHUNK_SIZE = 1024 * 1024
+SHA1_HEX = re.compile(r"[0-9a-f]{40}")
+OCTAL_MODE = re.compile(r"[0-7]{3,4}")
+BECOME_HINT = "run the task with become: true"
+
+# What stat.S_IFMT says a path is, in the words of the reasons.
+KINDS: tuple[tuple[Callable[[int], bool], str], ...] = (
+    (stat.S_ISREG, "a regular file"),
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+ENTRY_SPEC: dict[str, Any] = {
+    "path": {"type": "str", "required": True},
+    "state": {"type": "str", "choices": ["file", "directory", "absent"], "default": "file"},
+    "checksum": {"type": "str"},
+    "owner": {"type": "str"},
+    "group": {"type": "str"},
+    "mode": {"type": "raw"},
+}
+
+ARGUMENT_SPEC: dict[str, Any] = {
+    "files": {"type": "list", "elements": "dict", "required": True, "options": ENTRY_SPEC},
+}
+
+
+class EntryError(Exception):
+    """An entry of ``files`` the module cannot check; the message names the entry."""
+
+
+class CannotLook(Exception):
+    """A path the module may not stat or read; the message names the path."""
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """One entry of ``files``: what the role writes at ``path``."""
+
+    path: str
+    state: str
+    checksum: str | None
+    owner: str | None
+    group: str | None
+    mode: int | None
+
+
+def field_name(index: int, field: str) -> str:
+    return f"files[{index}].{field}"
+
+
+def validated_path(index: int, path: str) -> str:
+    if not os.path.isabs(path):
+        raise EntryError(f"{field_name(index, 'path')}: {path!r} is not an absolute path")
+    return path
+
+
+def validated_checksum(index: int, state: str, checksum: str | None) -> str | None:
+    if checksum is None:
+        return None
+    if state != "file":
+        raise EntryError(f"{field_name(index, 'checksum')}: only for state=file, not state={state}")
+    if not SHA1_HEX.fullmatch(checksum):
+        raise EntryError(
+            f"{field_name(index, 'checksum')}: {checksum!r} is not a SHA-1 digest (40 lowercase hex digits,"
+            " as the hash('sha1') filter gives)"
+        )
+    return checksum
+
+
+def parsed_mode(index: int, mode: Any) -> int | None:
+    if mode is None:
+        return None
+    if not isinstance(mode, str):
+        raise EntryError(
+            f'{field_name(index, "mode")}: {mode!r} is not a string; quote the mode (mode: "0644"),'
+            " as YAML reads an unquoted 0644 as the number 420"
+        )
+    if not OCTAL_MODE.fullmatch(mode):
+        raise EntryError(f'{field_name(index, "mode")}: {mode!r} is not 3 or 4 octal digits, like "0644"')
+    return int(mode, 8)
+
+
+def reject_attributes_of_absent(index: int, entry: dict[str, Any]) -> None:
+    given = [field for field in ("owner", "group", "mode") if entry[field] is not None]
+    if entry["state"] == "absent" and given:
+        raise EntryError(f"files[{index}]: {', '.join(given)} not with state=absent")
+
+
+def validated_entry(index: int, entry: dict[str, Any]) -> Wanted:
+    state = entry["state"]
+    reject_attributes_of_absent(index, entry)
+    return Wanted(
+        path=validated_path(index, entry["path"]),
+        state=state,
+        checksum=validated_checksum(index, state, entry["checksum"]),
+        owner=entry["owner"],
+        group=entry["group"],
+        mode=parsed_mode(index, entry["mode"]),
+    )
+
+
+def reject_duplicate_paths(wanted: list[Wanted]) -> None:
+    first_index: dict[str, int] = {}
+    for index, entry in enumerate(wanted):
+        key = os.path.normpath(entry.path)
+        if key in first_index:
+            raise EntryError(
+                f"{field_name(first_index[key], 'path')} and {field_name(index, 'path')} both name {key}"
+            )
+        first_index[key] = index
+
+
+def validated_entries(entries: list[dict[str, Any]]) -> list[Wanted]:
+    wanted = [validated_entry(index, entry) for index, entry in enumerate(entries)]
+    reject_duplicate_paths(wanted)
+    return wanted
+
+
+def kind_of(st_mode: int) -> str:
+    for is_kind, words in KINDS:
+        if is_kind(st_mode):
+            return words
+    return "an unknown kind of file"
+
+
+def stat_following_links(path: str) -> os.stat_result | None:
+    """The path's stat through symlinks; None when missing (a dangling link included)."""
+    try:
+        return os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except PermissionError as exc:
+        raise CannotLook(f"cannot look at {path}: {exc.strerror}; {BECOME_HINT}") from exc
+    except OSError as exc:
+        raise CannotLook(f"cannot look at {path}: {exc.strerror}") from exc
+
+
+def missing_reason(path: str) -> str:
+    return "missing (a dangling symlink)" if os.path.islink(path) else "missing"
+
+
+def sha1_of_file(path: str) -> str:
+    digest = hashlib.sha1()
+    try:
+        with open(path, "rb") as content:
+            for chunk in iter(lambda: content.read(CHUNK_SIZE), b""):
+                digest.update(chunk)
+    except PermissionError as exc:
+        raise CannotLook(f"cannot read {path}: {exc.strerror}; {BECOME_HINT}") from exc
+    except OSError as exc:
+        raise CannotLook(f"cannot read {path}: {exc.strerror}") from exc
+    return digest.hexdigest()
+
+
+def uid_of(owner: str) -> int | None:
+    """The uid an owner names (a numeric uid, or a user name); None when no such user."""
+    if owner.isdigit():
+        return int(owner)
+    try:
+        return pwd.getpwnam(owner).pw_uid
+    except KeyError:
+        return None
+
+
+def gid_of(group: str) -> int | None:
+    """The gid a group names (a numeric gid, or a group name); None when no such group."""
+    if group.isdigit():
+        return int(group)
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        return None
+
+
+def user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+def owner_reasons(wanted: Wanted, st: os.stat_result) -> list[str]:
+    if wanted.owner is None:
+        return []
+    uid = uid_of(wanted.owner)
+    if uid is None:
+        return [f"user {wanted.owner!r} does not exist"]
+    if uid != st.st_uid:
+        return [f"owner {user_name(st.st_uid)}, want {wanted.owner}"]
+    return []
+
+
+def group_reasons(wanted: Wanted, st: os.stat_result) -> list[str]:
+    if wanted.group is None:
+        return []
+    gid = gid_of(wanted.group)
+    if gid is None:
+        return [f"group {wanted.group!r} does not exist"]
+    if gid != st.st_gid:
+        return [f"group {group_name(st.st_gid)}, want {wanted.group}"]
+    return []
+
+
+def mode_reasons(wanted: Wanted, st: os.stat_result) -> list[str]:
+    if wanted.mode is None or wanted.mode == stat.S_IMODE(st.st_mode):
+        return []
+    return [f"mode {stat.S_IMODE(st.st_mode):04o}, want {wanted.mode:04o}"]
+
+
+def attribute_reasons(wanted: Wanted, st: os.stat_result) -> list[str]:
+    return owner_reasons(wanted, st) + group_reasons(wanted, st) + mode_reasons(wanted, st)
+
+
+def file_reasons(wanted: Wanted) -> list[str]:
+    st = stat_following_links(wanted.path)
+    if st is None:
+        return [missing_reason(wanted.path)]
+    if not stat.S_ISREG(st.st_mode):
+        return [f"not a regular file ({kind_of(st.st_mode)})"]
+    content: list[str] = []
+    if wanted.checksum is not None and sha1_of_file(wanted.path) != wanted.checksum:
+        content = ["content differs"]
+    return content + attribute_reasons(wanted, st)
+
+
+def directory_reasons(wanted: Wanted) -> list[str]:
+    st = stat_following_links(wanted.path)
+    if st is None:
+        return [missing_reason(wanted.path)]
+    if not stat.S_ISDIR(st.st_mode):
+        return [f"not a directory ({kind_of(st.st_mode)})"]
+    return attribute_reasons(wanted, st)
+
+
+def absent_reasons(wanted: Wanted) -> list[str]:
+    try:
+        os.lstat(wanted.path)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    except PermissionError as exc:
+        raise CannotLook(f"cannot look at {wanted.path}: {exc.strerror}; {BECOME_HINT}") from exc
+    except OSError as exc:
+        raise CannotLook(f"cannot look at {wanted.path}: {exc.strerror}") from exc
+    return ["exists, want absent"]
+
+
+REASONS_BY_STATE: dict[str, Callable[[Wanted], list[str]]] = {
+    "file": file_reasons,
+    "directory": directory_reasons,
+    "absent": absent_reasons,
+}
+
+
+def reasons_by_path(wanted: list[Wanted]) -> dict[str, list[str]]:
+    """Each differing path with its reasons, in the order of ``wanted`` (dicts keep insertion order)."""
+    found: dict[str, list[str]] = {}
+    for entry in wanted:
+        reasons = REASONS_BY_STATE[entry.state](entry)
+        if reasons:
+            found[entry.path] = reasons
+    return found
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    try:
+        wanted = validated_entries(module.params["files"])
+    except EntryError as exc:
+        module.fail_json(msg=str(exc))
+    try:
+        reasons = reasons_by_path(wanted)
+    except CannotLook as exc:
+        module.fail_json(msg=str(exc))
+    module.exit_json(
+        changed=False,
+        differ=list(reasons),
+        reasons=reasons,
+        in_place=not reasons,
+        checked=len(wanted),
+    )
+
+
+if __name__ == "__main__":
+    main()
