@@ -1,13 +1,15 @@
 """Drift made behind Ansible's back on the converged lab, and how a site run must report it (issue 19:
 whatever makes the no-op faster must keep finding it). tests/lab/test_site_on_lab.py makes it after the
-first converge: `--check --diff` must name exactly these four, `make lab` must put back exactly these.
+first converge: `--check --diff` must name exactly these five, `make lab` must put back exactly these.
 
 - a power cap changed on one GPU of gpu-node-2 (the fake NVML's `power`, as an operator's nvidia-smi -pl);
 - kubelet unheld on gpu-node-2 (`apt-mark unhold`);
 - net.bridge.bridge-nf-call-ip6tables set to 0 on gpu-node-2 (a net.* parameter: the lab nodes' other
   parameters are read-only, docs/lab.md; this one is the node's own network namespace and the least
   disruptive of the role's three);
-- the gateway's ConfigMap edited in the cluster (a comment appended to gateway.yaml).
+- the gateway's ConfigMap edited in the cluster (a comment appended to gateway.yaml);
+- /etc/crictl.yaml on gpu-node-2 edited by hand (a comment appended) and made 0600: a file of a role whose
+  write tasks run only for what files_in_place finds different (containerd's configure-containerd.yml).
 
 Each expected value comes from its one home: the role's defaults and the lab inventory.
 """
@@ -28,6 +30,7 @@ GPU = 1
 DRIFT_POWER_W = 180
 PACKAGE = "kubelet"
 SYSCTL = "net.bridge.bridge-nf-call-ip6tables"
+FILE_MARK = "# edited by hand by tests/lab/test_site_on_lab.py"
 
 _LAB_VARS: dict[str, object] = {}
 for _name in ("all.yml", "gpu_nodes.yml", "k8s_cluster.yml"):
@@ -43,6 +46,8 @@ POWER_W = int(_role("gpu_tuning")["gpu_tuning_power_limit_w"])
 SYSCTL_VALUE = str(_role("kubernetes_node")["kubernetes_node_sysctls"][SYSCTL])
 NAMESPACE = _role("llm_gateway")["llm_gateway_namespace"]
 CONFIGMAP = "llm-gateway-config"  # roles/llm_gateway/templates/configmap.yml.j2
+FILE = str(_role("containerd")["__containerd_crictl_config"])
+FILE_MODE = "644"  # roles/containerd/tasks/configure-containerd.yml
 
 # (task name start, host its result is reported on): what the first run must change, and nothing else
 EXPECTED_TASKS = {
@@ -50,6 +55,7 @@ EXPECTED_TASKS = {
     "hold": "Hold kubeadm, kubelet, kubectl, cri-tools and kubernetes-cni",
     "sysctl": "Set the kernel parameters now and at boot",
     "configmap": "Apply the gateway's ConfigMap, Service, PodDisruptionBudget and Deployment",
+    "file": "Point crictl at containerd's CRI socket",
 }
 # the serving play applies the gateway's objects once, reported on the control plane
 EXPECTED = {(task, CONTROL_PLANE if key == "configmap" else NODE) for key, task in EXPECTED_TASKS.items()}
@@ -71,6 +77,12 @@ def held() -> set[str]:
 
 def sysctl_value() -> str:
     return run_on(NODE, f"cat /proc/sys/{SYSCTL.replace('.', '/')}").strip()
+
+
+def file_state() -> tuple[str, bool]:
+    """(the permission bits in octal, whether the hand edit is in it) of FILE on NODE."""
+    mode = run_on(NODE, f"stat -c %a {FILE}").strip()
+    return mode, FILE_MARK in run_on(NODE, f"cat {FILE}")
 
 
 def gateway_config() -> str:
@@ -109,19 +121,36 @@ def changed_results(run: Run) -> list[tuple[str, str, str]]:
     return found
 
 
+def files_not_in_place(run: Run) -> list[tuple[str, str, list[str]]]:
+    """(task, host, differ) of every files_in_place result of a JSON-callback run that found a path not as
+    its role writes it. On a converged node there is none: a template the role renders differently from
+    what its template task wrote would show here on every run (and cost the no-op its write tasks)."""
+    assert run.result is not None
+    found = []
+    for play in run.result["plays"]:
+        for task in play["tasks"]:
+            for host, result in task["hosts"].items():
+                if "checked" in result and result.get("differ"):
+                    found.append((task["task"]["name"].split(" : ", 1)[-1], host, result["differ"]))
+    return found
+
+
 def inject() -> str:
-    """Make the four drifts on the converged lab; the gateway's configuration as it was."""
+    """Make the five drifts on the converged lab; the gateway's configuration as it was."""
     limits = power_limits_w()
     assert limits and set(limits) == {POWER_W}, f"not converged ({limits})"
     assert PACKAGE in held() and sysctl_value() == SYSCTL_VALUE, "not converged"
+    assert file_state() == (FILE_MODE, False), f"not converged ({FILE}: {file_state()})"
     config = gateway_config()
     run_on(NODE, f"fake-nvml power --gpu {GPU} --limit-w {DRIFT_POWER_W}")
     run_on(NODE, f"apt-mark unhold {PACKAGE}")
     run_on(NODE, f"sysctl -w {SYSCTL}=0")
+    run_on(NODE, f"echo {shlex.quote(FILE_MARK)} >> {FILE} && chmod 600 {FILE}")
     set_gateway_config(config + "\n# edited in the cluster by tests/lab/test_site_on_lab.py\n")
     assert power_limits_w()[GPU] == DRIFT_POWER_W
     assert PACKAGE not in held()
     assert sysctl_value() == "0"
+    assert file_state() == ("600", True)
     assert gateway_config() != config
     return config
 
@@ -131,6 +160,9 @@ def put_back(config: str) -> None:
     run_on(NODE, f"fake-nvml power --gpu {GPU} --limit-w {POWER_W}")
     run_on(NODE, f"apt-mark hold {PACKAGE}")
     run_on(NODE, f"sysctl -w {SYSCTL}={SYSCTL_VALUE}")
+    kept = f"{FILE}.kept"
+    unmarked = f"grep -vxF {shlex.quote(FILE_MARK)} {FILE} > {kept}; cat {kept} > {FILE}; rm {kept}"
+    run_on(NODE, f"{unmarked}; chmod {FILE_MODE} {FILE}")
     if gateway_config() != config:
         set_gateway_config(config)
 
