@@ -37,6 +37,12 @@ def _trusted(value: Any) -> Any:
     return value
 
 
+def _load_plugins() -> None:
+    """Filters and lookups by their FQCN (ansible.builtin.file, community.general.dict_kv), once."""
+    if AnsibleCollectionConfig.collection_finder is None:
+        init_plugin_loader()
+
+
 class RoleVars:
     def __init__(self, role: str, **overrides: Any) -> None:
         self.role_dir = ROOT / "roles" / role
@@ -48,10 +54,12 @@ class RoleVars:
         self.templar = Templar(loader=DataLoader(), variables=_trusted(variables))
 
     def __getitem__(self, name: str) -> Any:
+        _load_plugins()
         return self.templar.template(trust_as_template("{{ " + name + " }}"))
 
     def template(self, value: Any) -> Any:
         """A value from one of the role's task files (a module argument, a loop), templated."""
+        _load_plugins()
         return self.templar.template(_trusted(value))
 
     def render_template(self, name: str) -> str:
@@ -62,8 +70,7 @@ class RoleVars:
     def when(self, condition: str | bool | list[str | bool]) -> bool:
         """A task's `when`, evaluated as Ansible evaluates it: a list, all must hold; a Jinja '\\n' is a
         newline there, where a variable's template keeps it as backslash-n."""
-        if AnsibleCollectionConfig.collection_finder is None:  # lookups by their FQCN (ansible.builtin.file)
-            init_plugin_loader()
+        _load_plugins()
         conditions = condition if isinstance(condition, list) else [condition]
         return all(
             c if isinstance(c, bool) else self.templar.evaluate_conditional(trust_as_template(c))

@@ -282,7 +282,7 @@ def test_check_mode_reports_a_branch_change_instead_of_simulating_its_install() 
     tasks = yaml.safe_load((ROLE_TASKS / "install-driver-packages.yml").read_text())
     by_name = {task["name"]: task for task in tasks}
     assert by_name["Install the packages of driver {{ nvidia_driver_version }}"]["when"] == (
-        "not __nvidia_driver_install_pending"
+        "not __nvidia_driver_packages_in_place and not __nvidia_driver_install_pending"
     )
     assert by_name["Report that check mode would install driver {{ nvidia_driver_version }}"]["when"] == (
         "__nvidia_driver_install_pending"
@@ -347,3 +347,40 @@ def test_the_role_installs_only_the_branches_of_its_table() -> None:
     # the serving stage knows the CUDA each of them runs (the image check of upgrade-driver.yml reads it)
     serving = RoleVars("vllm_serving")["vllm_serving_driver_max_cuda"]
     assert {"535": "12.2", "580": "13.0"}.items() <= serving.items()
+
+
+def test_package_wants_name_every_package_task_of_the_role() -> None:
+    """__nvidia_driver_package_wants, what packages_in_place reads before the role's package tasks (skipped
+    when all are met): the prerequisites and the kernel's headers installed, nouveau's Xorg driver purged, the
+    metapackages and display packages absent, the driver's packages at the pinned version and held, every
+    installed package of the branch too, and no package of another branch: the same branch pattern as the
+    removal task, another branch's packages matched and this branch's not."""
+    facts = {"kernel": KERNEL, "packages": {}}
+    wants = {w["name"]: w for w in role(ansible_facts=facts)["__nvidia_driver_package_wants"]}
+    assert wants[f"linux-headers-{KERNEL}"] == {"name": f"linux-headers-{KERNEL}"}
+    assert wants["xserver-xorg-video-nouveau"]["state"] == "purged"
+    metapackages = ("cuda", "cuda-drivers", "cuda-drivers-535", "nvidia-driver-535",
+                    "xserver-xorg-video-nvidia-535")  # fmt: skip
+    for name in metapackages:
+        assert wants[name]["state"] == "absent", name
+    for name in role(ansible_facts=facts)["__nvidia_driver_branch_packages"]:
+        assert wants[name] == {"name": name, "version": f"{PINNED}-*", "held": True}, name
+    regexes = {name: w for name, w in wants.items() if w.get("regex")}
+    (branch,) = [w for w in regexes.values() if w.get("held")]
+    assert branch == {"name": branch["name"], "regex": True, "version": f"{PINNED}-*", "held": True}
+    other = [re.compile(name) for name, w in regexes.items() if w.get("state") == "absent"]
+    assert len(other) == 2
+
+    def another_branch(package: str) -> bool:
+        return any(pattern.fullmatch(package) for pattern in other)
+
+    others = ("nvidia-headless-580", "libnvidia-compute-550-server", "nvidia-firmware-580-580.95.05",
+              "cuda-drivers-580", f"linux-modules-nvidia-580-server-{KERNEL}")  # fmt: skip
+    for package in others:
+        assert another_branch(package), package
+        assert not re.fullmatch(branch["name"], package), package
+    ours = ("nvidia-headless-535", "libnvidia-compute-535-server", "nvidia-firmware-535-535.183.06",
+            "cuda-drivers-535", f"linux-modules-nvidia-535-server-{KERNEL}",
+            "nvidia-container-toolkit")  # fmt: skip
+    for package in ours:
+        assert not another_branch(package), package
