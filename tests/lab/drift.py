@@ -121,10 +121,12 @@ def changed_results(run: Run) -> list[tuple[str, str, str]]:
     return found
 
 
-def files_not_in_place(run: Run) -> list[tuple[str, str, list[str]]]:
-    """(task, host, differ) of every files_in_place result of a JSON-callback run that found a path not as
-    its role writes it. On a converged node there is none: a template the role renders differently from
-    what its template task wrote would show here on every run (and cost the no-op its write tasks)."""
+def reads_not_in_place(run: Run) -> list[tuple[str, str, list[str]]]:
+    """(task, host, differ) of every result of a JSON-callback run of files_in_place or packages_in_place (the
+    reads that let a role skip its write and package tasks) that found something not as its role wants it. On
+    a converged node there is none: a template the role renders differently from what its template task wrote,
+    or a package want the role's tasks do not meet, would show here on every run (and cost the no-op its
+    tasks)."""
     assert run.result is not None
     found = []
     for play in run.result["plays"]:
