@@ -163,9 +163,17 @@ import re
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.in_place_report import (
+    EntryError,
+    entry_field,
+    entry_name,
+    reasons_by_key,
+    run_report,
+)
 
 CHUNK_SIZE = 1024 * 1024
 SHA1_HEX = re.compile(r"[0-9a-f]{40}")
@@ -196,10 +204,6 @@ ARGUMENT_SPEC: dict[str, Any] = {
 }
 
 
-class EntryError(Exception):
-    """An entry of ``files`` the module cannot check; the message names the entry."""
-
-
 class CannotLook(Exception):
     """A path the module may not stat or read; the message names the path."""
 
@@ -217,7 +221,7 @@ class Wanted:
 
 
 def field_name(index: int, field: str) -> str:
-    return f"files[{index}].{field}"
+    return entry_field("files", index, field)
 
 
 def validated_path(index: int, path: str) -> str:
@@ -255,7 +259,7 @@ def parsed_mode(index: int, mode: Any) -> int | None:
 def reject_attributes_of_absent(index: int, entry: dict[str, Any]) -> None:
     given = [field for field in ("owner", "group", "mode") if entry[field] is not None]
     if entry["state"] == "absent" and given:
-        raise EntryError(f"files[{index}]: {', '.join(given)} not with state=absent")
+        raise EntryError(f"{entry_name('files', index)}: {', '.join(given)} not with state=absent")
 
 
 def validated_entry(index: int, entry: dict[str, Any]) -> Wanted:
@@ -430,33 +434,18 @@ REASONS_BY_STATE: dict[str, Callable[[Wanted], list[str]]] = {
 }
 
 
+def entry_reasons(wanted: Wanted) -> list[str]:
+    return REASONS_BY_STATE[wanted.state](wanted)
+
+
 def reasons_by_path(wanted: list[Wanted]) -> dict[str, list[str]]:
-    """Each differing path with its reasons, in the order of ``wanted`` (dicts keep insertion order)."""
-    found: dict[str, list[str]] = {}
-    for entry in wanted:
-        reasons = REASONS_BY_STATE[entry.state](entry)
-        if reasons:
-            found[entry.path] = reasons
-    return found
+    """Each differing path with its reasons, in the order of ``wanted``."""
+    return reasons_by_key(wanted, attrgetter("path"), entry_reasons)
 
 
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    try:
-        wanted = validated_entries(module.params["files"])
-    except EntryError as exc:
-        module.fail_json(msg=str(exc))
-    try:
-        reasons = reasons_by_path(wanted)
-    except CannotLook as exc:
-        module.fail_json(msg=str(exc))
-    module.exit_json(
-        changed=False,
-        differ=list(reasons),
-        reasons=reasons,
-        in_place=not reasons,
-        checked=len(wanted),
-    )
+    run_report(module, "files", validated_entries, differing=reasons_by_path, read_error=CannotLook)
 
 
 if __name__ == "__main__":

@@ -152,9 +152,11 @@ checked:
 import fnmatch
 import re
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.in_place_report import EntryError, entry_field, reasons_by_key, run_report
 
 # dpkg-query expands \t and \n itself: the backslashes go to it as they are.
 QUERY_FORMAT = r"${Package}\t${Architecture}\t${Version}\t${Status}\n"
@@ -180,10 +182,6 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "packages": {"type": "list", "elements": "dict", "required": True, "options": ENTRY_SPEC},
     "dpkg_query": {"type": "path", "default": "dpkg-query"},
 }
-
-
-class EntryError(Exception):
-    """An entry of ``packages`` the module cannot check; the message names the entry."""
 
 
 class CannotRead(Exception):
@@ -218,7 +216,7 @@ class Package:
 
 
 def field_name(index: int, field: str) -> str:
-    return f"packages[{index}].{field}"
+    return entry_field("packages", index, field)
 
 
 def validated_pattern(index: int, name: str, regex: bool) -> re.Pattern[str] | None:
@@ -395,30 +393,17 @@ def entry_reasons(wanted: Wanted, packages: dict[str, list[Package]]) -> list[st
 
 def reasons_by_name(wanted: list[Wanted], packages: dict[str, list[Package]]) -> dict[str, list[str]]:
     """Each entry whose want is not met, with its reasons, in the order of ``wanted``."""
-    found: dict[str, list[str]] = {}
-    for entry in wanted:
-        reasons = entry_reasons(entry, packages)
-        if reasons:
-            found[entry.name] = reasons
-    return found
+    return reasons_by_key(wanted, attrgetter("name"), lambda entry: entry_reasons(entry, packages))
 
 
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    try:
-        wanted = validated_entries(module.params["packages"])
-    except EntryError as exc:
-        module.fail_json(msg=str(exc))
-    try:
-        reasons = reasons_by_name(wanted, read_packages(module))
-    except CannotRead as exc:
-        module.fail_json(msg=str(exc))
-    module.exit_json(
-        changed=False,
-        differ=list(reasons),
-        reasons=reasons,
-        in_place=not reasons,
-        checked=len(wanted),
+    run_report(
+        module,
+        "packages",
+        validated_entries,
+        differing=lambda wanted: reasons_by_name(wanted, read_packages(module)),
+        read_error=CannotRead,
     )
 
 
