@@ -18,10 +18,11 @@ description:
     not in RV(differ) never runs, so drift on a path left out of O(files) goes unseen and is never put
     right."
   - Never changes anything; C(changed) is always false, and it runs the same in check mode.
-  - "O(files[].state=file) and O(files[].state=directory) follow symlinks (C(os.stat)), as the write
-    modules do at their destination: a link to a file in place is in place, and a dangling link counts as
-    missing. O(files[].state=absent) does not follow them: anything at the path, a dangling link included,
-    differs."
+  - "O(files[].state=file) and O(files[].state=directory) follow symlinks (C(os.stat)): a link to a file in
+    place is in place, and a dangling link counts as missing. M(ansible.builtin.copy) and
+    M(ansible.builtin.template) with their default C(follow=false) would replace such a link with a file; here
+    it is left as it is. O(files[].state=absent) does not follow them: anything at the path, a dangling link
+    included, differs."
   - "A path the module cannot read or look into (permission denied) fails the task; run it with
     C(become: true), as the role's write tasks run."
 version_added: "0.1.0"
