@@ -28,6 +28,11 @@ def venv_python(venv: str) -> str:
     return os.path.join(venv, "bin", "python3")
 
 
+def runnable(interpreter: str) -> bool:
+    """Whether this process may execute ``interpreter`` (a venv's python3 link is followed)."""
+    return os.access(interpreter, os.X_OK)
+
+
 def try_import(name: str) -> tuple[ModuleType | None, str | None]:
     """(module, None), or (None, the ImportError's traceback)."""
     try:
@@ -42,7 +47,12 @@ def import_all_or_respawn(
     """Import every module in ``names`` and return them by name. When this interpreter lacks one, re-run
     the Ansible module under ``venv_python(venv)`` if that interpreter has it (does not return); else
     ``fail_json`` with ``missing_msg.format(name=<the missing module>, python=<this interpreter>)``.
-    Respawns at most once."""
+    Respawns at most once.
+
+    The venv's interpreter is not probed first (``respawn.probe_interpreters_for_module``): the probe is
+    one more Python start that imports ansible.module_utils.basic, about 0.4 s of a node's core on every
+    call of a GPU module. The respawned module imports again and, when the venv lacks the module too,
+    fails here with ``missing_msg`` naming the venv's interpreter."""
     from ansible.module_utils.common import respawn
 
     imported: dict[str, ModuleType] = {}
@@ -57,8 +67,8 @@ def import_all_or_respawn(
         return imported
     first, error = missing[0]
     if not respawn.has_respawned():
-        interpreter = respawn.probe_interpreters_for_module([venv_python(venv)], first)
-        if interpreter:
+        interpreter = venv_python(venv)
+        if runnable(interpreter):
             respawn.respawn_module(interpreter)  # does not return
     module.fail_json(msg=missing_msg.format(name=first, python=sys.executable), exception=error)
     raise AssertionError("fail_json returned")  # pragma: no cover

@@ -11,7 +11,7 @@ import gpu_settings
 import gpu_topology
 import pynvml
 import pytest
-from ansible.module_utils import nvml_session
+from ansible.module_utils import nvml_session, venv_respawn
 from ansible.module_utils.common import respawn
 from conftest import FakeNode, run_module
 
@@ -26,19 +26,19 @@ class Respawned(Exception):
 @pytest.fixture
 def without_pynvml(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """The running interpreter cannot import pynvml; record respawn attempts."""
-    calls: dict[str, Any] = {"probe": None, "respawn": None}
+    calls: dict[str, Any] = {"runnable": None, "respawn": None}
     monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` raises ImportError
     monkeypatch.setattr(respawn, "has_respawned", lambda: False)
 
-    def probe(interpreters: list[str], name: str) -> str | None:
-        calls["probe"] = (interpreters, name)
-        return calls.get("interpreter")
+    def runnable(interpreter: str) -> bool:
+        calls["runnable"] = interpreter
+        return interpreter == calls.get("interpreter")
 
     def respawn_module(interpreter: str) -> None:
         calls["respawn"] = interpreter
         raise Respawned(interpreter)
 
-    monkeypatch.setattr(respawn, "probe_interpreters_for_module", probe)
+    monkeypatch.setattr(venv_respawn, "runnable", runnable)
     monkeypatch.setattr(respawn, "respawn_module", respawn_module)
     return calls
 
@@ -51,7 +51,7 @@ def test_missing_pynvml_names_the_package_and_the_role(
     assert failed
     assert "nvidia-ml-py" in result["msg"]
     assert "nvidia_driver role" in result["msg"] and "/opt/nvidia-ml-py" in result["msg"]
-    assert without_pynvml["probe"] == (["/opt/nvidia-ml-py/bin/python3"], "pynvml")
+    assert without_pynvml["runnable"] == "/opt/nvidia-ml-py/bin/python3"
     assert without_pynvml["respawn"] is None
 
 
@@ -69,7 +69,7 @@ def test_no_second_respawn(
     without_pynvml["interpreter"] = "/opt/nvidia-ml-py/bin/python3"
     failed, result = run_module(gpu_facts)
     assert failed and "nvidia-ml-py" in result["msg"]
-    assert without_pynvml["respawn"] is None and without_pynvml["probe"] is None
+    assert without_pynvml["respawn"] is None and without_pynvml["runnable"] is None
 
 
 def err(name: str) -> Any:

@@ -28,32 +28,32 @@ class FakeModule:
 
 @pytest.fixture
 def respawn_calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    calls: dict[str, Any] = {"probe": None, "respawn": None, "interpreter": None}
+    calls: dict[str, Any] = {"runnable": None, "respawn": None, "interpreter": None}
 
-    def probe(interpreters: list[str], name: str) -> str | None:
-        calls["probe"] = (interpreters, name)
-        return calls["interpreter"]
+    def runnable(interpreter: str) -> bool:
+        calls["runnable"] = interpreter
+        return interpreter == calls["interpreter"]
 
     def respawn_module(interpreter: str) -> None:
         calls["respawn"] = interpreter
         raise Respawned(interpreter)
 
     monkeypatch.setattr(respawn, "has_respawned", lambda: False)
-    monkeypatch.setattr(respawn, "probe_interpreters_for_module", probe)
+    monkeypatch.setattr(venv_respawn, "runnable", runnable)
     monkeypatch.setattr(respawn, "respawn_module", respawn_module)
     return calls
 
 
 def test_importable_module_is_returned_without_respawn(respawn_calls: dict[str, Any]) -> None:
     assert venv_respawn.import_or_respawn(FakeModule(), "json", "/opt/tools", "never") is sys.modules["json"]
-    assert respawn_calls["probe"] is None
+    assert respawn_calls["runnable"] is None
 
 
 def test_respawns_under_the_named_venv(respawn_calls: dict[str, Any]) -> None:
     respawn_calls["interpreter"] = "/opt/model-tools/bin/python3"
     with pytest.raises(Respawned):
         venv_respawn.import_or_respawn(FakeModule(), MISSING, "/opt/model-tools", "never")
-    assert respawn_calls["probe"] == (["/opt/model-tools/bin/python3"], MISSING)
+    assert respawn_calls["runnable"] == "/opt/model-tools/bin/python3"
     assert respawn_calls["respawn"] == "/opt/model-tools/bin/python3"
 
 
@@ -70,7 +70,7 @@ def test_never_respawns_twice(respawn_calls: dict[str, Any], monkeypatch: pytest
     respawn_calls["interpreter"] = "/opt/model-tools/bin/python3"
     with pytest.raises(Failed):
         venv_respawn.import_or_respawn(FakeModule(), MISSING, "/opt/model-tools", "x")
-    assert respawn_calls["probe"] is None
+    assert respawn_calls["runnable"] is None
 
 
 @pytest.fixture
@@ -108,7 +108,7 @@ def test_several_modules_respawn_for_the_first_missing(respawn_calls: dict[str, 
     respawn_calls["interpreter"] = "/opt/model-tools/bin/python3"
     with pytest.raises(Respawned):
         venv_respawn.import_all_or_respawn(FakeModule(), ["json", MISSING, "csv"], "/opt/model-tools", "x")
-    assert respawn_calls["probe"] == (["/opt/model-tools/bin/python3"], MISSING)
+    assert respawn_calls["runnable"] == "/opt/model-tools/bin/python3"
     found = venv_respawn.import_all_or_respawn(FakeModule(), ["json", "csv"], "/opt/model-tools", "x")
     assert found == {"json": sys.modules["json"], "csv": sys.modules["csv"]}
 
