@@ -11,8 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import k8s_live_objects
 import pytest
 import real_kube
+from conftest import run_module
 from manifests_render import calico_objects
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -292,3 +294,108 @@ def test_calico_as_the_real_api_server_holds_it_needs_no_apply_and_each_drift_is
         ],
         key=lambda kind_name: [(o["kind"], o["metadata"]["name"]) for o in objects].index(kind_name),
     )
+
+
+# ------------------------------------------------------------------ library/k8s_live_objects: the role's read
+
+
+def read_with_module(plane: real_kube.ControlPlane, objects: list[dict[str, Any]]) -> dict[str, Any]:
+    failed, result = run_module(
+        k8s_live_objects, {"objects": objects, "kubeconfig": str(plane.admin_kubeconfig)}
+    )
+    assert not failed, result
+    return result
+
+
+def test_the_module_reads_in_one_call_what_each_kind_list_holds_of_the_rendered_objects(
+    kube_control_plane: real_kube.ControlPlane, calico_in_cluster: list[dict[str, Any]]
+) -> None:
+    objects = calico_in_cluster
+    result = read_with_module(kube_control_plane, objects)
+    assert result["changed"] is False
+    kinds = drift.k8s_kinds(objects)
+    assert result["reads"] == len(kinds)  # one GET or list call per kind and namespace
+    # the same objects as kubectl's lists, each with its apiVersion and kind, without managedFields
+    by_identity = {drift._identity(o): o for o in live(kube_control_plane, objects)}
+    assert sorted(map(drift._identity, result["resources"])) == sorted(map(drift._identity, objects))
+    for obj in result["resources"]:
+        assert "managedFields" not in obj["metadata"]
+        assert obj["spec" if "spec" in obj else "metadata"] == {
+            k: v
+            for k, v in by_identity[drift._identity(obj)]
+            .get("spec" if "spec" in obj else "metadata", {})
+            .items()
+            if k != "managedFields"
+        }
+    assert drift.k8s_not_as_rendered(objects, result["resources"]) == []
+
+    deleted = kube_control_plane.kubectl("-n", NAMESPACE, "delete", "serviceaccount", "calico-node")
+    assert deleted.returncode == 0, deleted.stderr
+    edited = kube_control_plane.kubectl(
+        "-n",
+        NAMESPACE,
+        "patch",
+        "configmap",
+        "calico-config",
+        "--type=merge",
+        "-p",
+        '{"data":{"veth_mtu":"1400"}}',
+    )
+    assert edited.returncode == 0, edited.stderr
+    to_apply = drift.k8s_not_as_rendered(objects, read_with_module(kube_control_plane, objects)["resources"])
+    assert sorted((o["kind"], o["metadata"]["name"]) for o in to_apply) == [
+        ("ConfigMap", "calico-config"),
+        ("ServiceAccount", "calico-node"),
+    ]
+
+
+def test_the_module_gets_a_lone_object_by_name_and_skips_unserved_kinds(
+    kube_control_plane: real_kube.ControlPlane,
+) -> None:
+    objects = [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kube-system"}},
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "absent", "namespace": "kube-system"}},
+        {
+            "apiVersion": "example.invalid/v1",
+            "kind": "Widget",
+            "metadata": {"name": "w", "namespace": "default"},
+        },
+    ]
+    result = read_with_module(kube_control_plane, objects)
+    assert result["reads"] == 2  # the Namespace and the ConfigMap; Widget is not served
+    assert [(o["apiVersion"], o["kind"], o["metadata"]["name"]) for o in result["resources"]] == [
+        ("v1", "Namespace", "kube-system")
+    ]
+    assert [o["metadata"]["name"] for o in drift.k8s_not_as_rendered(objects, result["resources"])] == [
+        "absent",
+        "w",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("obj", "says"),
+    [
+        (
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}},
+            "ConfigMap x (v1) is namespaced",
+        ),
+        (
+            {"apiVersion": "v1", "metadata": {"name": "x"}},
+            "objects[0] must set apiVersion, kind and metadata.name",
+        ),
+    ],
+)
+def test_the_module_refuses_an_object_it_cannot_place(
+    kube_control_plane: real_kube.ControlPlane, obj: dict[str, Any], says: str
+) -> None:
+    failed, result = run_module(
+        k8s_live_objects, {"objects": [obj], "kubeconfig": str(kube_control_plane.admin_kubeconfig)}
+    )
+    assert failed and says in result["msg"], result
+
+
+def test_the_module_names_an_unreadable_kubeconfig(tmp_path: Path) -> None:
+    failed, result = run_module(
+        k8s_live_objects, {"objects": [], "kubeconfig": str(tmp_path / "absent.conf")}
+    )
+    assert failed and str(tmp_path / "absent.conf") in result["msg"], result
