@@ -54,7 +54,7 @@ EXPECTED_TASKS = {
     "power": "Apply power cap, target temperature and persistence mode",
     "hold": "Hold kubeadm, kubelet, kubectl, cri-tools and kubernetes-cni",
     "sysctl": "Set the kernel parameters now and at boot",
-    "configmap": "Apply the gateway's ConfigMap, Service, PodDisruptionBudget and Deployment",
+    "configmap": "Apply the gateway's objects the cluster does not hold as rendered",
     "file": "Point crictl at containerd's CRI socket",
 }
 # the serving play applies the gateway's objects once, reported on the control plane
