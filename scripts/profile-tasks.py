@@ -74,15 +74,17 @@ KINDS = {
     "include": _words("include_role include_tasks import_role import_tasks"),
     "file": _words(
         """stat find file copy template lineinfile blockinfile slurp get_url unarchive replace ini_file
-        assemble tempfile fetch synchronize authorized_key known_hosts hostname mount user group"""
+        assemble tempfile fetch synchronize authorized_key known_hosts hostname mount user group
+        files_in_place"""
     ),
     "package": _words(
         "apt apt_key apt_repository deb822_repository dpkg_selections package_facts pip package debconf"
+        " packages_in_place"
     ),
     "service": _words("systemd_service systemd service service_facts"),
     "command": _words("command shell script raw"),
     "kernel": _words("modprobe sysctl kernel_blacklist"),
-    "api": _words("k8s k8s_info k8s_exec k8s_drain uri"),
+    "api": _words("k8s k8s_info k8s_exec k8s_drain uri k8s_live_objects"),
     "wait": _words("wait_for wait_for_connection"),
     "facts": _words("setup gather_facts"),
 }
@@ -199,7 +201,7 @@ def classify(title: str, role: str, name: str, index) -> tuple[str, str, str]:
             for kind, modules in KINDS.items():
                 if module in modules:
                     return kind, module, source.path
-            if (ROOT / "library" / f"{module}.py").exists():
+            if (ROOT / "library" / f"{module}.py").exists():  # the project's other modules read the GPUs
                 return "gpu module", module, source.path
             return "other", module, source.path
     return "unknown", "", ""
