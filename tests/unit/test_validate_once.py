@@ -3,9 +3,10 @@
 recorded, at the cost of one skipped task. Held here:
 
 - each stage records exactly the roles its validation play validated (with their meta dependencies, which
-  run with them), after the last validation;
+  run with them, and the roles their validate.yml validates), after the last validation;
 - a role skips validate.yml only for its own name in the record, and every recorded role does (no role run
-  alone, or by another playbook, loses its validation: nothing else sets the record);
+  alone, or by another playbook, loses its validation: nothing else sets the record); so does its
+  tasks/settings.yml, where other roles and plays load its values;
 - no play or task enters a recorded role with values of its own (vars or role parameters), which its
   validation would not have seen.
 """
@@ -57,6 +58,16 @@ def dependencies(role: str) -> list[str]:
     for dep in meta.get("dependencies") or []:
         name = dep["role"] if isinstance(dep, dict) else dep
         found += [name, *dependencies(name)]
+    return found
+
+
+def validated_by(role: str) -> list[str]:
+    """The other roles ROLE's validate.yml validates (include_role tasks_from validate), and theirs."""
+    found = []
+    for task in tasks(load(f"roles/{role}/tasks/validate.yml")):
+        include = task.get("ansible.builtin.include_role") or {}
+        if include.get("tasks_from") == "validate":
+            found += [include["name"], *validated_by(include["name"])]
     return found
 
 
@@ -114,7 +125,9 @@ def test_a_stage_records_the_roles_its_validation_play_validated_after_validatin
     roles, last_validation = validated(play)
     record, at = recorded(play)
     assert roles, f"{path}: no validation found where this test looks"
-    assert set(record) == set(roles) | {dep for role in roles for dep in dependencies(role)}
+    assert set(record) == set(roles) | {
+        other for role in roles for other in [*dependencies(role), *validated_by(role)]
+    }
     assert at > last_validation
 
 
@@ -258,8 +271,22 @@ def test_where_validate_yml_is_skipped_main_yml_loads_the_values_it_would_have_l
                 t
                 for t in main
                 if (t.get("ansible.builtin.include_role") or {}).get("name") == name
-                and t["ansible.builtin.include_role"].get("tasks_from", "main") == tasks_from
+                # settings.yml: validate.yml where the role is not recorded, as main.yml does
+                and t["ansible.builtin.include_role"].get("tasks_from", "main") in (tasks_from, "settings")
                 and t["ansible.builtin.include_role"].get("public")
                 and t.get("when") == f"'{role}' in {RECORD} | default([])"
             ], f"roles/{role}/tasks/main.yml: load {name} ({tasks_from}) where validate.yml is skipped"
     assert checked >= 2  # gpu_health_agent's and vllm_serving's nvidia_device_plugin
+
+
+def test_a_roles_settings_entry_point_skips_validation_only_for_its_own_name_in_the_record() -> None:
+    """tasks/settings.yml (another role or play loads the role's values there, public) validates as main.yml
+    does: unless the role is recorded."""
+    settings = sorted(ROOT.glob("roles/*/tasks/settings.yml"))
+    assert len(settings) >= 5
+    for path in settings:
+        role = path.parent.parent.name
+        (include,) = [
+            t for t in tasks(load(path)) if t.get("ansible.builtin.include_tasks") == "validate.yml"
+        ]
+        assert include.get("when") == f"'{role}' not in {RECORD} | default([])", str(path)
