@@ -174,8 +174,13 @@ def test_each_model_has_a_pod_disruption_budget_of_one(replicas: int) -> None:
 
 def test_the_pdb_is_applied_with_the_model_and_removed_with_a_canary() -> None:
     apply = yaml.safe_load((ROLE / "tasks" / "apply.yml").read_text())
-    applied = next(t for t in apply if "StatefulSet" in t["name"])
-    assert "pdb.yml.j2" in str(applied["kubernetes.core.k8s"]["definition"])
+    # each model's objects are rendered once, read, and the ones that differ applied (compare before apply)
+    rendered = next(t for t in apply if "StatefulSet" in t["name"] and "ansible.builtin.set_fact" in t)
+    assert "pdb.yml.j2" in str(rendered["ansible.builtin.set_fact"]["__vllm_serving_model_objects"])
+    read = next(t for t in apply if "k8s_live_objects" in t)
+    applied = next(t for t in apply if "kubernetes.core.k8s" in t and "models' objects" in t["name"])
+    assert "__vllm_serving_objects" in read["k8s_live_objects"]["objects"]
+    assert applied["loop"].replace(" ", "").startswith("{{__vllm_serving_objects|k8s_not_as_rendered(")
     rollout = ROOT / "roles" / "model_rollout" / "tasks"
     for action in ("promote.yml", "rollback.yml"):
         text = (rollout / action).read_text()
