@@ -70,7 +70,7 @@ KEYWORDS = _words(
 )
 
 KINDS = {
-    "controller": _words("assert fail set_fact debug group_by meta include_vars add_host pause"),
+    "controller": _words("assert fail set_fact debug group_by meta include_vars add_host pause value_checks"),
     "include": _words("include_role include_tasks import_role import_tasks"),
     "file": _words(
         """stat find file copy template lineinfile blockinfile slurp get_url unarchive replace ini_file
