@@ -1,10 +1,10 @@
 """Which rendered Kubernetes objects the cluster does not hold as rendered: compare before apply.
 
 A role that applies a large manifest (Calico's calico.yaml: 38 objects, 23 of them CRDs) pays a GET and a
-PATCH per object on every run, about 25 s on the lab, even when nothing changed. Reading what the cluster holds
-of them once (library/k8s_live_objects.py: one module call, a list call per kind, the kinds ``k8s_kinds``
-names) and applying only the objects that ``k8s_not_as_rendered`` returns makes a converged run send no write
-at all, and still finds every drift the apply puts back.
+PATCH per object on every run, about 25 s on the lab, even when nothing changed. Reading what the cluster
+holds of them once (library/k8s_live_objects.py: one module call, a list call per kind, the kinds
+``k8s_kinds`` names) and applying only the objects that ``k8s_not_as_rendered`` returns makes a converged run
+send no write at all, and still finds every drift the apply puts back.
 
 "Held as rendered" is the rule a merge patch of the rendered object would leave unchanged: every field the
 rendered object sets has that value in the live object.
