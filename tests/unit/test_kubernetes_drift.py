@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -307,46 +308,67 @@ def read_with_module(plane: real_kube.ControlPlane, objects: list[dict[str, Any]
     return result
 
 
-def test_the_module_reads_in_one_call_what_each_kind_list_holds_of_the_rendered_objects(
-    kube_control_plane: real_kube.ControlPlane, calico_in_cluster: list[dict[str, Any]]
+def test_the_module_reads_in_one_call_what_the_cluster_holds_of_the_rendered_objects(
+    kube_control_plane: real_kube.ControlPlane,
 ) -> None:
-    objects = calico_in_cluster
-    result = read_with_module(kube_control_plane, objects)
-    assert result["changed"] is False
-    kinds = drift.k8s_kinds(objects)
-    assert result["reads"] == len(kinds)  # one GET or list call per kind and namespace
-    # the same objects as kubectl's lists, each with its apiVersion and kind, without managedFields
-    by_identity = {drift._identity(o): o for o in live(kube_control_plane, objects)}
-    assert sorted(map(drift._identity, result["resources"])) == sorted(map(drift._identity, objects))
-    for obj in result["resources"]:
-        assert "managedFields" not in obj["metadata"]
-        assert obj["spec" if "spec" in obj else "metadata"] == {
-            k: v
-            for k, v in by_identity[drift._identity(obj)]
-            .get("spec" if "spec" in obj else "metadata", {})
-            .items()
-            if k != "managedFields"
-        }
-    assert drift.k8s_not_as_rendered(objects, result["resources"]) == []
-
-    deleted = kube_control_plane.kubectl("-n", NAMESPACE, "delete", "serviceaccount", "calico-node")
-    assert deleted.returncode == 0, deleted.stderr
-    edited = kube_control_plane.kubectl(
-        "-n",
-        NAMESPACE,
-        "patch",
-        "configmap",
-        "calico-config",
-        "--type=merge",
-        "-p",
-        '{"data":{"veth_mtu":"1400"}}',
+    """Objects of four kinds, namespaced and not, one of them never created: one module call reads each kind
+    once (a list for the two ConfigMaps, a GET for a lone object), returns what kubectl reads of them, and the
+    comparison finds exactly what was edited, deleted or never created."""
+    suffix = uuid.uuid4().hex[:8]
+    namespace = f"live-{suffix}"
+    created = [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+        *[
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": namespace},
+             "data": {"mode": name}}
+            for name in ("first", "second")
+        ],
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": {"name": "reader", "namespace": namespace}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": f"r-{suffix}"},
+         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]},
+    ]  # fmt: skip
+    never = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "never", "namespace": namespace}}
+    objects = [*created, never]
+    done = kube_control_plane.kubectl(
+        "create", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": created})
     )
-    assert edited.returncode == 0, edited.stderr
-    to_apply = drift.k8s_not_as_rendered(objects, read_with_module(kube_control_plane, objects)["resources"])
-    assert sorted((o["kind"], o["metadata"]["name"]) for o in to_apply) == [
-        ("ConfigMap", "calico-config"),
-        ("ServiceAccount", "calico-node"),
-    ]
+    assert done.returncode == 0, done.stderr
+    try:
+        result = read_with_module(kube_control_plane, objects)
+        assert result["changed"] is False
+        assert result["reads"] == 4  # Namespace, ConfigMap (one list), ServiceAccount, ClusterRole
+        # what kubectl reads of the same objects, without managedFields; the one never created is not there
+        for obj in result["resources"]:
+            assert "managedFields" not in obj["metadata"]
+            scope = ["-n", namespace] if obj["metadata"].get("namespace") else []
+            got = kube_control_plane.kubectl(
+                "get", obj["kind"], obj["metadata"]["name"], *scope, "-o", "json"
+            )
+            assert got.returncode == 0, got.stderr
+            read = json.loads(got.stdout)
+            read["metadata"].pop("managedFields", None)  # kubectl leaves it out too
+            assert obj == read
+        assert sorted(map(drift._identity, result["resources"])) == sorted(map(drift._identity, created))
+        assert drift.k8s_not_as_rendered(objects, result["resources"]) == [never]
+
+        patch = json.dumps({"data": {"mode": "edited"}})
+        edited = kube_control_plane.kubectl("-n", namespace, "patch", "configmap", "first", "-p", patch)
+        assert edited.returncode == 0, edited.stderr
+        deleted = kube_control_plane.kubectl("-n", namespace, "delete", "serviceaccount", "reader")
+        assert deleted.returncode == 0, deleted.stderr
+        to_apply = drift.k8s_not_as_rendered(
+            objects, read_with_module(kube_control_plane, objects)["resources"]
+        )
+        assert [(o["kind"], o["metadata"]["name"]) for o in to_apply] == [
+            ("ConfigMap", "first"),
+            ("ServiceAccount", "reader"),
+            ("ConfigMap", "never"),
+        ]
+    finally:
+        kube_control_plane.kubectl("delete", "--ignore-not-found", "clusterrole", f"r-{suffix}")
+        kube_control_plane.kubectl("delete", "namespace", namespace, "--wait=false")
 
 
 def test_the_module_gets_a_lone_object_by_name_and_skips_unserved_kinds(
