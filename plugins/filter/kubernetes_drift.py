@@ -17,8 +17,12 @@ rendered object sets has that value in the live object.
   object is returned, and applied without a change, on every run, as the role applied every object before
   this comparison. Putting that kind of drift back would need a replace, which also drops what the
   controllers own.
-- A rendered empty value (``null``, ``false``, ``0``, ``""``, ``[]``, ``{}``) holds where the live object
-  lacks the field: the API server drops empty fields it serialises with ``omitempty``.
+- A rendered ``null``, ``""``, ``[]`` or ``{}`` holds where the live object lacks the field: the API server
+  drops empty fields it serialises with ``omitempty``. A rendered ``false`` or ``0`` holds there only for the
+  plain (not pointer) fields of the core types that it drops so (``_DROPPED_WHEN_FALSE_OR_ZERO``: hostNetwork,
+  a volume mount's readOnly, ...). Any other ``false`` or ``0`` is kept as sent (a pointer:
+  ``allowPrivilegeEscalation``, ``automountServiceAccountToken``, ``enableServiceLinks``, ``privileged``,
+  ``replicas``), so a live object without it was edited: a security setting removed in the cluster is drift.
 - Except in a CustomResourceDefinition's schemas (``spec.versions[*].schema.openAPIV3Schema``), which the
   API server keeps as sent, with its bounds as pointers: there a ``0`` (``minimum: 0``), a ``null``, a
   ``x-kubernetes-preserve-unknown-fields: false`` and anything under ``default``, ``example`` or ``enum``
@@ -59,8 +63,30 @@ _SCHEMA_VALUES = frozenset({"default", "example", "enum"})
 _SCHEMA_ROOT = "openAPIV3Schema"
 
 
-def _empty(value: Any) -> bool:
-    return value is None or value is False or value == 0 or value in ("", [], {})
+# Plain bool and integer fields of the core API types, serialised with omitempty: a false or 0 sent is not
+# stored. (A pointer field keeps a false or 0; see the module's docstring.)
+_DROPPED_WHEN_FALSE_OR_ZERO = frozenset(
+    {
+        "hostNetwork",
+        "hostPID",
+        "hostIPC",
+        "stdin",
+        "stdinOnce",
+        "tty",
+        "readOnly",
+        "minReadySeconds",
+        "initialDelaySeconds",
+        "paused",
+        "preserveUnknownFields",  # a CustomResourceDefinition's spec
+    }
+)
+
+
+def _dropped_when_empty(key: str, value: Any) -> bool:
+    """Whether the API server drops KEY: VALUE from an object it stores (outside a CRD's schema)."""
+    if value is False or (isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0):
+        return key in _DROPPED_WHEN_FALSE_OR_ZERO
+    return value is None or value in ("", [], {})
 
 
 def _dropped_from_schema(key: str, value: Any) -> bool:
@@ -97,7 +123,7 @@ def holds(rendered: Any, live: Any, schema: bool = False) -> bool:
                         return False
                 elif not holds(value, live[key], schema or key == _SCHEMA_ROOT):
                     return False
-            elif not (_dropped_from_schema(key, value) if schema else _empty(value)):
+            elif not (_dropped_from_schema(key, value) if schema else _dropped_when_empty(key, value)):
                 return False
         return True
     if isinstance(rendered, list):

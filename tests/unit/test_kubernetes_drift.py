@@ -116,7 +116,12 @@ def test_scalars_compare_as_the_api_server_stores_them() -> None:
     assert not drift.holds({"enabled": True}, {"enabled": "true"})
     assert not drift.holds({"enabled": False}, {"enabled": 0})
     assert not drift.holds({"count": 0}, {"count": False})
-    assert drift.holds({"empty": None, "none": [], "zero": 0}, {})
+    assert drift.holds({"empty": None, "none": [], "text": "", "map": {}}, {})
+    # false or 0 in a plain field the API server drops (omitempty); a pointer keeps it: its absence is drift
+    assert drift.holds({"hostNetwork": False, "readOnly": False, "minReadySeconds": 0}, {})
+    assert not drift.holds({"allowPrivilegeEscalation": False}, {})
+    assert not drift.holds({"automountServiceAccountToken": False}, {})
+    assert not drift.holds({"replicas": 0}, {})
     assert not drift.holds({"list": []}, {"list": ["a"]})
     assert not drift.holds({"map": {"a": 1}}, {"map": ["a"]})
 
@@ -421,3 +426,37 @@ def test_the_module_names_an_unreadable_kubeconfig(tmp_path: Path) -> None:
         k8s_live_objects, {"objects": [], "kubeconfig": str(tmp_path / "absent.conf")}
     )
     assert failed and str(tmp_path / "absent.conf") in result["msg"], result
+
+
+def test_a_security_setting_removed_in_the_cluster_is_drift(
+    kube_control_plane: real_kube.ControlPlane,
+) -> None:
+    """The API server keeps a pointer's false as sent (allowPrivilegeEscalation, automountServiceAccountToken)
+    and drops a plain field's (hostNetwork): the Deployment as served holds as rendered, and the same object
+    with allowPrivilegeEscalation removed by a JSON patch does not."""
+    namespace = f"sec-{uuid.uuid4().hex[:8]}"
+    deployment = copy.deepcopy(DEPLOYMENT)
+    deployment["metadata"]["namespace"] = namespace
+    pod = deployment["spec"]["template"]["spec"]
+    pod["automountServiceAccountToken"] = False
+    pod["containers"][0]["securityContext"] = {"allowPrivilegeEscalation": False, "privileged": False}
+    assert kube_control_plane.kubectl("create", "namespace", namespace).returncode == 0
+    try:
+        created = kube_control_plane.kubectl("create", "-f", "-", stdin=json.dumps(deployment))
+        assert created.returncode == 0, created.stderr
+        assert (
+            drift.k8s_not_as_rendered(
+                [deployment], read_with_module(kube_control_plane, [deployment])["resources"]
+            )
+            == []
+        )
+        path = "/spec/template/spec/containers/0/securityContext/allowPrivilegeEscalation"
+        removed = kube_control_plane.kubectl(
+            "-n", namespace, "patch", "deployment", "web", "--type=json",
+            "-p", json.dumps([{"op": "remove", "path": path}]),
+        )  # fmt: skip
+        assert removed.returncode == 0, removed.stderr
+        live_now = read_with_module(kube_control_plane, [deployment])["resources"]
+        assert drift.k8s_not_as_rendered([deployment], live_now) == [deployment]
+    finally:
+        kube_control_plane.kubectl("delete", "namespace", namespace, "--wait=false")
