@@ -1,5 +1,5 @@
-"""Import a Python module, else find it in a virtualenv of its own: "import X, else re-run under the
-first interpreter of VENV/bin/python3 that has X".
+"""Import a Python module, else find it in a virtualenv of its own: "import X, else re-run under
+VENV/bin/python3, where it must be".
 
 The project installs third-party Python packages its modules need (nvidia-ml-py, model tools) into
 virtualenvs under /opt instead of the system's Python. ``import_or_respawn`` is for Ansible modules (it

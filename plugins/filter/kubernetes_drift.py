@@ -162,7 +162,7 @@ def object_holds(rendered: Mapping[str, Any], live: Mapping[str, Any]) -> bool:
 
 
 def k8s_kinds(objects: Iterable[Mapping[str, Any]]) -> list[dict[str, str]]:
-    """One entry per apiVersion, kind and namespace of OBJECTS, sorted: what to list with k8s_info."""
+    """One entry per apiVersion, kind and namespace of OBJECTS, sorted: the kinds k8s_live_objects reads."""
     kinds = {
         (
             str(obj.get("apiVersion", "")),

@@ -253,7 +253,7 @@ def first_path_to(obj: Any, key: str, value: Any, path: str = "") -> str | None:
 
 
 def live(plane: real_kube.ControlPlane, objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """What the role's k8s_info loop reads: every object of each kind of OBJECTS (k8s_kinds)."""
+    """Every object of each kind of OBJECTS (k8s_kinds), as kubectl lists them."""
     found: list[dict[str, Any]] = []
     for kind in drift.k8s_kinds(objects):
         group = kind["api_version"].rpartition("/")[0]
