@@ -320,7 +320,7 @@ def report(tasks: list[Task], top: int = 20, repeated: int = 15) -> str:
     validation = [t for t in tasks if _is_validation(t)]
     seconds = sum(t.seconds for t in validation)
     out += [
-        f"Validation (arg specs, check_argument_types, tasks/validate.yml, the plays that include them): "
+        f"Validation (arg specs, tasks/validate.yml, the plays that include them): "
         f"{len(validation)} tasks, {seconds:.1f} s ({_share(seconds, total)}).",
         "",
     ]
@@ -353,7 +353,7 @@ def _cell(text: str) -> str:
 def _is_validation(task: Task) -> bool:
     return (
         task.kind == "arg specs"
-        or task.role == "check_argument_types"
+        or task.role == "check_argument_types"  # logs of runs before value_checks took the type checks
         or task.path.endswith("/validate.yml")
         or "Check the types of the" in task.name
         or task.name.startswith("Validate ")

@@ -1,4 +1,4 @@
-"""A role included in a loop runs its own loops (check_argument_types, its validate.yml) with the loop
+"""A role included in a loop runs its own loops (its validate.yml) with the loop
 variable still set by the including loop: Ansible warns "The loop variable 'item' is already in use", and an
 inner task reading `item` could read the outer one. Every loop that includes a role or a task file names its
 own loop_var instead: whether the included tasks loop on `item` today is theirs to change (the serving stage's

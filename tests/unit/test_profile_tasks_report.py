@@ -38,11 +38,11 @@ Tuesday 01 December 2026  18:35:13 +0000 (0:00:03.289)       0:00:03.315 ******
 ok: [gpu-node-1]
 ok: [gpu-node-2]
 
-TASK [Check the types of the common variables] *********************************
+TASK [Load the RuntimeClass name (nvidia_device_plugin)] ***********************
 Tuesday 01 December 2026  18:35:13 +0000 (0:00:00.092)       0:00:03.408 ******
-included: check_argument_types for gpu-node-1, gpu-node-2
+included: nvidia_device_plugin for gpu-node-1, gpu-node-2
 
-TASK [check_argument_types : Check the variable types of role common] **********
+TASK [unattended_upgrades_exclusion : Read the unattended-upgrades exclusion of nvidia-driver] ***
 Tuesday 01 December 2026  18:35:14 +0000 (0:00:00.109)       0:00:03.606 ******
 ok: [gpu-node-1]
 ok: [gpu-node-2]
@@ -76,6 +76,9 @@ TASKS RECAP ********************************************************************
 Tuesday 01 December 2026  18:35:48 +0000 (0:00:01.000)       0:00:38.093 ******
 """
 
+# a name with Jinja in its task file
+EXCLUSION_READ = "unattended_upgrades_exclusion : Read the unattended-upgrades exclusion of nvidia-driver"
+
 
 def test_each_task_gets_the_duration_printed_under_the_next_header(profile):
     tasks = profile.parse(LOG.splitlines())
@@ -90,10 +93,10 @@ def test_each_task_gets_the_duration_printed_under_the_next_header(profile):
 
 def test_roles_plays_hosts_and_items(profile):
     tasks = {t.title: t for t in profile.parse(LOG.splitlines())}
-    # one assert for every variable of the role: no items
-    types = tasks["check_argument_types : Check the variable types of role common"]
+    # one module call for every file of the role: no items
+    types = tasks[EXCLUSION_READ]
     assert (types.role, types.play, types.items) == (
-        "check_argument_types",
+        "unattended_upgrades_exclusion",
         "Baseline for every server of the cluster",
         0,
     )
@@ -102,18 +105,18 @@ def test_roles_plays_hosts_and_items(profile):
     login = tasks["common : Read who Ansible logs in as, before sudo"]
     assert (login.role, login.items, login.hosts) == ("common", 4, {"gpu-node-1", "gpu-node-2"})
     # an include names its hosts on one line; a delegated result counts for the host it ran for
-    assert tasks["Check the types of the common variables"].hosts == {"gpu-node-1", "gpu-node-2"}
+    assert tasks["Load the RuntimeClass name (nvidia_device_plugin)"].hosts == {"gpu-node-1", "gpu-node-2"}
     assert tasks["calico : Wait until calico-node runs Ready on every node"].hosts == {"gpu-node-2"}
     assert tasks[CALICO_APPLY].play == "Kubernetes pod network - Calico"
 
 
 def test_an_include_in_a_loop_names_its_hosts_without_the_item(profile):
     log = LOG.replace(
-        "included: check_argument_types for gpu-node-1, gpu-node-2",
-        "included: check_argument_types for gpu-node-1, gpu-node-2 => (item=common)",
+        "included: nvidia_device_plugin for gpu-node-1, gpu-node-2",
+        "included: nvidia_device_plugin for gpu-node-1, gpu-node-2 => (item=common)",
     )
     tasks = {t.title: t for t in profile.parse(log.splitlines())}
-    assert tasks["Check the types of the common variables"].hosts == {"gpu-node-1", "gpu-node-2"}
+    assert tasks["Load the RuntimeClass name (nvidia_device_plugin)"].hosts == {"gpu-node-1", "gpu-node-2"}
 
 
 def test_the_kind_comes_from_the_repository_task_files(profile):
@@ -123,9 +126,11 @@ def test_the_kind_comes_from_the_repository_task_files(profile):
     spec = "common : Validating arguments against arg spec 'main' - Baseline for the cluster's servers"
     assert kinds[spec][0] == "arg specs"
     # include_role prints no role: found among every role's tasks
-    assert kinds["Check the types of the common variables"] == ("include", "include_role")
-    # a name with Jinja in the task file ("... of role {{ ansible_parent_role_names[0] }}")
-    assert kinds["check_argument_types : Check the variable types of role common"] == ("controller", "assert")
+    assert kinds["Load the RuntimeClass name (nvidia_device_plugin)"] == ("include", "include_role")
+    # a name with Jinja in the task file ("... of {{ unattended_upgrades_exclusion_name }}")
+    assert kinds[
+        "unattended_upgrades_exclusion : Read the unattended-upgrades exclusion of nvidia-driver"
+    ] == ("file", "files_in_place")
     assert kinds["common : Install the base packages"] == ("package", "apt")
     assert kinds["common : Read who Ansible logs in as, before sudo"] == ("command", "command")
     # until/retries makes a task a wait, whatever its module
@@ -172,8 +177,7 @@ def test_validation_counts_the_checks_and_the_record_of_what_a_stage_validated(p
     validation = {title for title, t in tasks.items() if profile._is_validation(t)}
     assert validation == {
         "common : Validating arguments against arg spec 'main' - Baseline for the cluster's servers",
-        "Check the types of the common variables",
-        "check_argument_types : Check the variable types of role common",
+        "Load the RuntimeClass name (nvidia_device_plugin)",
         "common : Read who Ansible logs in as, before sudo",
     }
     record = "Record the roles validated here, which the stage's plays do not validate again"
@@ -200,15 +204,16 @@ def test_module_runs_count_each_host_and_item_that_ran_a_module(profile):
     assert tasks["common : Read who Ansible logs in as, before sudo"].runs == 4
     # a delegated result is a module run too, where it was delegated
     assert tasks["calico : Wait until calico-node runs Ready on every node"].runs == 1
+    assert tasks[EXCLUSION_READ].runs == 2
     for controller_only in (
-        "check_argument_types : Check the variable types of role common",
-        "Check the types of the common variables",
+        "Load the RuntimeClass name (nvidia_device_plugin)",
         "common : Validating arguments against arg spec 'main' - Baseline for the cluster's servers",
     ):
         assert tasks[controller_only].runs == 0, controller_only
     text = profile.report(list(tasks.values()))
-    # facts 2, the command loop 4, the packages 2, Calico's apply 1 and its wait 1
-    assert "module runs on the hosts: 10 " in text.splitlines()[0]
+    # facts 2, the file read 2, the command loop 4, the packages 2, Calico's apply 1 and its wait 1
+    assert "module runs on the hosts: 12 " in text.splitlines()[0]
     kind_rows = {line.split(" | ")[0].strip("| "): line for line in text.split("### By kind")[1].splitlines()}
     assert kind_rows["command"].endswith("| 4 |")
-    assert kind_rows["controller"].endswith("| 0 |")
+    assert kind_rows["file"].endswith("| 2 |")
+    assert kind_rows["include"].endswith("| 0 |")

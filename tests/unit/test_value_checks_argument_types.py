@@ -1,7 +1,7 @@
-"""Role check_argument_types: one assert checks every variable of the including role against its argument
-spec type (plugins/filter/argument_types.py says which are wrong, with the Jinja tests the role's loop used),
-and the message names each wrong variable, what it must be and how to pass it with -e, one sentence each as
-when the role looped over the variables."""
+"""value_checks' argument_types (plugins/action/value_checks.py): the task's role's variables against the
+types of its own meta/argument_specs.yml, with the Jinja tests the checks used before; one failure names each
+wrong variable, what it must be and how to pass it with -e, one sentence each; every role's validation checks
+them first."""
 
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ import yaml
 from playbook_text import flat
 
 ROOT = Path(__file__).resolve().parents[2]
-_SPEC = importlib.util.spec_from_file_location("argument_types", ROOT / "plugins/filter/argument_types.py")
+_SPEC = importlib.util.spec_from_file_location("value_checks_action", ROOT / "plugins/action/value_checks.py")
 assert _SPEC and _SPEC.loader
-at = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(at)
+vc = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(vc)
 
 
 @pytest.mark.parametrize(
@@ -40,14 +40,14 @@ def test_each_type_takes_its_values_and_refuses_the_others(
 ) -> None:
     options = {f"v{i}": {"type": kind} for i in range(len(good) + len(bad))}
     values = dict(zip(options, good + bad, strict=True))
-    wrong = at.argument_type_mismatches(options, values)
+    wrong = vc.argument_type_mismatches(options, values)
     assert [w["value"] for w in wrong] == bad
     assert {w["type"] for w in wrong} <= {kind}
 
 
 def test_types_it_does_not_check_and_options_without_a_type_pass() -> None:
     options = {"a": {"type": "str"}, "b": {"type": "path"}, "c": {"type": "raw"}, "d": {}, "e": None}
-    assert at.argument_type_mismatches(options, dict.fromkeys(options, 5)) == []
+    assert vc.argument_type_mismatches(options, dict.fromkeys(options, 5)) == []
 
 
 def test_every_wrong_variable_in_the_order_of_the_spec() -> None:
@@ -58,16 +58,24 @@ def test_every_wrong_variable_in_the_order_of_the_spec() -> None:
         "x_list": {"type": "list"},
     }
     values = {"x_flag": "false", "x_count": "3", "x_ok": 3, "x_list": "a,b"}
-    assert at.argument_type_mismatches(options, values) == [
+    assert vc.argument_type_mismatches(options, values) == [
         {"name": "x_flag", "type": "bool", "value": "false"},
         {"name": "x_count", "type": "int", "value": "3"},
         {"name": "x_list", "type": "list", "value": "a,b"},
     ]
 
 
-def test_a_checked_variable_without_a_value_is_a_bug_of_the_caller() -> None:
-    with pytest.raises(at.AnsibleFilterError, match="no value given for x_count"):
-        at.argument_type_mismatches({"x_count": {"type": "int"}}, {})
+def test_a_checked_variable_without_a_value_is_named() -> None:
+    with pytest.raises(vc.AnsibleActionFail, match="no value given for x_count"):
+        vc.argument_type_mismatches({"x_count": {"type": "int"}}, {})
+
+
+def test_the_typed_options_are_read_from_the_roles_own_specs() -> None:
+    options = vc.typed_options(str(ROOT / "roles/gpu_tuning"))
+    specs = yaml.safe_load((ROOT / "roles/gpu_tuning/meta/argument_specs.yml").read_text())
+    main = specs["argument_specs"]["main"]["options"]
+    assert set(options) == {name for name, spec in main.items() if spec.get("type") in vc.TYPES}
+    assert "gpu_tuning_power_limit_w" in options
 
 
 def run_validate(role: str, extra: dict[str, Any], tmp_path: Path) -> subprocess.CompletedProcess[str]:
@@ -98,14 +106,14 @@ def run_validate(role: str, extra: dict[str, Any], tmp_path: Path) -> subprocess
 
 
 def sentence(name: str, wanted: str, got: str, example: str) -> str:
-    """The message for one variable, as the role's loop gave it for each."""
+    """The message for one variable."""
     return (
         f"{name} must be {wanted}; got {got} (a str). `-e {name}=...` passes a string: pass JSON,"
         f" -e '{{\"{name}\": {example}}}', or use an extra-vars file."
     )
 
 
-def test_one_failure_names_every_wrong_variable_as_before(tmp_path: Path) -> None:
+def test_one_failure_names_every_wrong_variable(tmp_path: Path) -> None:
     # what -e gpu_tuning_power_limit_w=180 -e gpu_tuning_persistence_mode=false -e gpu_tuning_gpus=0,1 passes
     done = run_validate(
         "gpu_tuning",
@@ -114,9 +122,9 @@ def test_one_failure_names_every_wrong_variable_as_before(tmp_path: Path) -> Non
     )
     assert done.returncode != 0
     out = flat(done.stdout).replace("''", "'")
-    # one failed task, each wrong variable named with its own sentence
+    # one failed task, the role's first check, each wrong variable named with its own sentence
     assert out.count("fatal: [localhost]") == 1, done.stdout[-3000:]
-    assert "check_argument_types : Check the variable types of role gpu_tuning" in out
+    assert "gpu_tuning : Check the gpu_tuning values that need no GPU" in out
     for expected in [
         sentence("gpu_tuning_power_limit_w", "a whole number", '"180"', "180"),
         sentence("gpu_tuning_persistence_mode", "true or false", '"false"', "false"),
@@ -130,19 +138,37 @@ def test_one_failure_names_every_wrong_variable_as_before(tmp_path: Path) -> Non
 def test_values_of_their_types_pass(tmp_path: Path) -> None:
     done = run_validate("kubernetes_api_client", {}, tmp_path)
     assert done.returncode == 0, done.stdout[-3000:]
-    assert "Check the variable types of role kubernetes_api_client" in done.stdout
+    assert "Check that kubernetes_api_client_version is an exact version" in done.stdout
 
 
-def test_roles_include_it_without_the_check_of_its_own_argument_spec_which_has_no_options() -> None:
-    """Ansible's check of check_argument_types' own argument specs (before its task, at every include) would
-    check nothing: it takes no parameters. Every include skips it (rolespec_validate: false)."""
-    specs = yaml.safe_load((ROOT / "roles/check_argument_types/meta/argument_specs.yml").read_text())
-    assert specs["argument_specs"]["main"]["options"] == {}
-    includes = []
-    for path in sorted(ROOT.glob("roles/*/tasks/*.yml")):
-        for task in yaml.safe_load(path.read_text()) or []:
-            include = task.get("ansible.builtin.include_role") or {}
-            if include.get("name") == "check_argument_types":
-                includes.append((path.parent.parent.name, include.get("rolespec_validate")))
-    assert len(includes) >= 20, includes
-    assert [(role, skip) for role, skip in includes if skip is not False] == []
+def test_a_task_outside_a_role_is_refused(tmp_path: Path) -> None:
+    playbook = tmp_path / "outside.yml"
+    playbook.write_text(
+        "- hosts: localhost\n  gather_facts: false\n  tasks:\n"
+        "    - value_checks:\n        argument_types: true\n"
+    )
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local",
+         str(playbook)],
+        cwd=ROOT, capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout[-3000:]
+    assert "argument_types: true needs a task of a role" in done.stdout
+
+
+def test_every_role_with_typed_variables_checks_them_first_in_its_validation() -> None:
+    """Each role whose argument specs type a variable as bool, int, float, list or dict checks the types in
+    the first value_checks task of its validation (tasks/validate.yml, or main.yml where it has none), before
+    any other check of its values. model_rollout is the exception: its values come from the rollout
+    playbooks' `-e model=... weight=20` (strings), which its own checks convert and check."""
+    unchecked = []
+    for specs_file in sorted(ROOT.glob("roles/*/meta/argument_specs.yml")):
+        role = specs_file.parent.parent
+        if not vc.typed_options(str(role)) or role.name == "model_rollout":
+            continue
+        entry = role / "tasks" / ("validate.yml" if (role / "tasks/validate.yml").exists() else "main.yml")
+        checks = [t for t in yaml.safe_load(entry.read_text()) or [] if "value_checks" in t]
+        if not checks or checks[0]["value_checks"].get("argument_types") is not True:
+            unchecked.append(role.name)
+    assert unchecked == []
