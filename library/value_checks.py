@@ -20,11 +20,24 @@ description:
 version_added: "0.1.0"
 author: "A100 LLM platform team"
 options:
+  argument_types:
+    description:
+      - First check the types of the task's role's variables against the role's own
+        C(meta/argument_specs.yml), entry point C(main), before any of O(checks).
+      - Checked are the options of type C(bool), C(int) (a bool is not one), C(float) (any number), C(list)
+        (a sequence that is neither a string nor a mapping) and C(dict). Ansible's own check of the argument
+        specs accepts V("180") for an int and V("false") for a bool and leaves the variable a string;
+        C(-e name=value) always passes strings.
+      - One failure names every variable of the wrong type, what it must be, and how to pass it as JSON.
+      - The task must belong to a role.
+    type: bool
+    default: false
   checks:
-    description: The checks, in the order they are evaluated.
+    description:
+      - The checks, in the order they are evaluated.
+      - Required unless O(argument_types=true).
     type: list
     elements: dict
-    required: true
     suboptions:
       that:
         description: A condition, or a list of conditions that must all hold, as M(ansible.builtin.assert)
@@ -59,6 +72,7 @@ seealso:
 EXAMPLES = r"""
 - name: Check the calico values
   value_checks:
+    argument_types: true
     checks:
       - that: calico_manifest_sha256 is match('^[0-9a-f]{64}$')
         fail_msg: >-
@@ -76,20 +90,25 @@ msg:
   description: How many checks were evaluated, or the message of the one that failed.
   returned: always
   type: str
-  sample: 4 of 5 checks evaluated, all hold
+  sample: the argument types and 4 of 5 checks evaluated, all hold
+mismatches:
+  description: How many variables are not of their type (O(argument_types=true)).
+  returned: failed on the argument types
+  type: int
+  sample: 2
 assertion:
   description: The condition that did not hold.
-  returned: failed
+  returned: failed on a check
   type: str
   sample: calico_manifest_sha256 is match('^[0-9a-f]{64}$')
 check:
   description: The index in O(checks) of the check that failed.
-  returned: failed
+  returned: failed on a check
   type: int
   sample: 0
 evaluated_to:
   description: What the condition evaluated to (false).
-  returned: failed
+  returned: failed on a check
   type: bool
   sample: false
 """
