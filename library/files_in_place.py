@@ -1,12 +1,13 @@
 #!/usr/bin/python
-"""Ansible module files_in_place: which of a role's managed paths differ from what the role writes."""
+"""Ansible module files_in_place: which of a role's managed paths differ from what the role writes, and which
+of its units are not enabled or running as it wants."""
 
 from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
 module: files_in_place
-short_description: Tell which of a role's managed paths are not as the role would write them
+short_description: Tell which of a role's managed paths and units are not as the role wants them
 description:
   - In one module call, compares each path in O(files) with what the role's write tasks
     (M(ansible.builtin.template), M(ansible.builtin.copy), M(ansible.builtin.file)) would make of it (its
@@ -72,6 +73,33 @@ options:
           - Quote it. YAML reads an unquoted V(0644) as the number 420, and the module rejects a number.
           - Not with O(files[].state=absent).
         type: raw
+  units:
+    description:
+      - The systemd units the role's M(ansible.builtin.systemd_service) tasks manage, each with whether the
+        role wants it enabled at boot and running now. One C(systemctl show) call reads them all; a unit not
+        as wanted is in RV(differ) under its name, beside the paths.
+      - "Enabled is what M(ansible.builtin.systemd_service) takes for enabled: C(UnitFileState) V(enabled),
+        V(static), V(generated) or V(transient); running is C(ActiveState) V(active) or V(activating). A
+        unit systemd has not loaded differs unless the role wants it neither enabled nor running, and so does
+        a unit whose file changed on disk since systemd read it (C(NeedDaemonReload))."
+      - "The read is taken when the task runs: gate a unit's task on it only where nothing the role did since
+        (a package installed, a unit file written) can change the unit's state."
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      name:
+        description: The unit's name, V(chrony.service) or V(etcd-backup.timer).
+        type: str
+        required: true
+      enabled:
+        description: Whether the role wants the unit enabled at boot; left out, not compared.
+        type: bool
+      active:
+        description:
+          - Whether the role wants the unit running; left out, not compared.
+          - Give O(units[].enabled), O(units[].active) or both.
+        type: bool
 attributes:
   check_mode:
     support: full
@@ -150,10 +178,23 @@ in_place:
   type: bool
   sample: false
 checked:
-  description: The number of entries of O(files) checked.
+  description: The number of entries of O(files) and O(units) checked.
   returned: always
   type: int
   sample: 2
+units:
+  description: What systemd reports of each unit of O(units), by its name as given (empty without O(units)).
+  returned: always
+  type: dict
+  sample:
+    chrony.service:
+      Id: chrony.service
+      LoadState: loaded
+      UnitFileState: enabled
+      ActiveState: active
+      NeedDaemonReload: "no"
+      ConditionResult: "yes"
+      ConditionTimestampMonotonic: "36140269430"
 """
 
 import grp
@@ -172,8 +213,8 @@ from ansible.module_utils.in_place_report import (
     EntryError,
     entry_field,
     entry_name,
+    exit_with_report,
     reasons_by_key,
-    run_report,
 )
 
 CHUNK_SIZE = 1024 * 1024
@@ -200,9 +241,32 @@ ENTRY_SPEC: dict[str, Any] = {
     "mode": {"type": "raw"},
 }
 
+UNIT_SPEC: dict[str, Any] = {
+    "name": {"type": "str", "required": True},
+    "enabled": {"type": "bool"},
+    "active": {"type": "bool"},
+}
+
 ARGUMENT_SPEC: dict[str, Any] = {
     "files": {"type": "list", "elements": "dict", "required": True, "options": ENTRY_SPEC},
+    "units": {"type": "list", "elements": "dict", "default": [], "options": UNIT_SPEC},
 }
+
+# What systemctl show reports of each unit, in one call for all of them.
+UNIT_PROPERTIES = (
+    "Id",
+    "LoadState",
+    "UnitFileState",
+    "ActiveState",
+    "NeedDaemonReload",
+    "ConditionResult",
+    "ConditionTimestampMonotonic",
+)
+# A unit ansible.builtin.systemd_service takes for enabled (systemctl is-enabled exits 0, and it is not
+# enabled-runtime, indirect or alias, which that module enables again).
+ENABLED_STATES = frozenset({"enabled", "static", "generated", "transient"})
+# ... and for running (state=started starts any other).
+RUNNING_STATES = frozenset({"active", "activating"})
 
 
 class CannotLook(Exception):
@@ -444,9 +508,102 @@ def reasons_by_path(wanted: list[Wanted]) -> dict[str, list[str]]:
     return reasons_by_key(wanted, attrgetter("path"), entry_reasons)
 
 
+@dataclass(frozen=True)
+class WantedUnit:
+    """One entry of ``units``: whether the role wants the unit enabled and running (None: not managed)."""
+
+    name: str
+    enabled: bool | None
+    active: bool | None
+
+
+def validated_units(entries: list[dict[str, Any]]) -> list[WantedUnit]:
+    wanted: list[WantedUnit] = []
+    seen: dict[str, int] = {}
+    for index, entry in enumerate(entries):
+        name = entry["name"]
+        if not name or name.startswith("-") or any(c.isspace() for c in name):
+            raise EntryError(f"{entry_field('units', index, 'name')}: {name!r} is not a unit name")
+        if entry["enabled"] is None and entry["active"] is None:
+            raise EntryError(f"{entry_name('units', index)}: give enabled, active or both")
+        if name in seen:
+            raise EntryError(
+                f"{entry_field('units', seen[name], 'name')} and {entry_field('units', index, 'name')}"
+                f" both name {name}"
+            )
+        seen[name] = index
+        wanted.append(WantedUnit(name=name, enabled=entry["enabled"], active=entry["active"]))
+    return wanted
+
+
+def parsed_show(output: str, count: int) -> list[dict[str, str]]:
+    """systemctl show's blocks of KEY=value lines, one per unit, in the order the units were named."""
+    blocks = [block for block in output.strip("\n").split("\n\n") if block.strip()]
+    if len(blocks) != count:
+        raise CannotLook(f"systemctl show described {len(blocks)} units for the {count} named")
+    return [dict(line.split("=", 1) for line in block.splitlines() if "=" in line) for block in blocks]
+
+
+def unit_reasons(wanted: WantedUnit, shown: dict[str, str]) -> list[str]:
+    load = shown.get("LoadState", "")
+    if load != "loaded":
+        # a unit the role wants neither enabled nor running may as well not be there
+        wants_it = wanted.enabled is True or wanted.active is True
+        return [f"not loaded (LoadState={load or 'unknown'})"] if wants_it else []
+    reasons: list[str] = []
+    if shown.get("NeedDaemonReload") == "yes":
+        reasons.append("its unit file changed on disk since systemd read it")
+    file_state = shown.get("UnitFileState", "")
+    if wanted.enabled is True and file_state not in ENABLED_STATES:
+        reasons.append(f"not enabled (UnitFileState={file_state or 'none'})")
+    if wanted.enabled is False and file_state in ENABLED_STATES:
+        reasons.append(f"enabled, want disabled (UnitFileState={file_state})")
+    active = shown.get("ActiveState", "")
+    if wanted.active is True and active not in RUNNING_STATES:
+        reasons.append(f"not running (ActiveState={active or 'unknown'})")
+    if wanted.active is False and (active in RUNNING_STATES or active == "deactivating"):
+        reasons.append(f"running, want stopped (ActiveState={active})")
+    return reasons
+
+
+def shown_units(module: AnsibleModule, wanted: list[WantedUnit]) -> list[dict[str, str]]:
+    """What systemd reports of each wanted unit, in one systemctl call."""
+    if not wanted:
+        return []
+    systemctl = module.get_bin_path("systemctl")
+    if systemctl is None:
+        raise CannotLook("systemctl is not on this host: the units cannot be read")
+    rc, out, err = module.run_command(
+        [systemctl, "show", f"--property={','.join(UNIT_PROPERTIES)}", "--", *[unit.name for unit in wanted]],
+        environ_update={"LC_ALL": "C", "SYSTEMD_PAGER": ""},
+    )
+    if rc != 0:
+        raise CannotLook(f"systemctl show failed (rc {rc}): {err.strip() or out.strip()}")
+    return parsed_show(out, len(wanted))
+
+
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    run_report(module, "files", validated_entries, differing=reasons_by_path, read_error=CannotLook)
+    try:
+        wanted = validated_entries(module.params["files"])
+        units = validated_units(module.params["units"])
+    except EntryError as exc:
+        module.fail_json(msg=str(exc))
+    try:
+        reasons = reasons_by_path(wanted)
+        shown = shown_units(module, units)
+    except CannotLook as exc:
+        module.fail_json(msg=str(exc))
+    for unit, properties in zip(units, shown, strict=True):
+        found = unit_reasons(unit, properties)
+        if found:
+            reasons[unit.name] = found
+    exit_with_report(
+        module,
+        reasons,
+        checked=len(wanted) + len(units),
+        units={unit.name: properties for unit, properties in zip(units, shown, strict=True)},
+    )
 
 
 if __name__ == "__main__":

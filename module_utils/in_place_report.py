@@ -45,15 +45,19 @@ def reasons_by_key(
     return found
 
 
-def exit_with_report(module: AnsibleModule, reasons: dict[str, list[str]], checked: int) -> NoReturn:
+def exit_with_report(
+    module: AnsibleModule, reasons: dict[str, list[str]], checked: int, **found: Any
+) -> NoReturn:
     """End the module with the report: ``differ`` (the keys of ``reasons``, in their order), ``reasons``,
-    ``in_place`` (nothing differs) and ``checked`` (the number of entries checked). Never changed."""
+    ``in_place`` (nothing differs), ``checked`` (the number of entries checked) and what else the module
+    returns (``found``). Never changed."""
     module.exit_json(
         changed=False,
         differ=list(reasons),
         reasons=reasons,
         in_place=not reasons,
         checked=checked,
+        **found,
     )
 
 

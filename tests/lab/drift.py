@@ -1,6 +1,6 @@
 """Drift made behind Ansible's back on the converged lab, and how a site run must report it (issue 19:
 whatever makes the no-op faster must keep finding it). tests/lab/test_site_on_lab.py makes it after the
-first converge: `--check --diff` must name exactly these five, `make lab` must put back exactly these.
+first converge: `--check --diff` must name exactly these seven, `make lab` must put back exactly these.
 
 - a power cap changed on one GPU of gpu-node-2 (the fake NVML's `power`, as an operator's nvidia-smi -pl);
 - kubelet unheld on gpu-node-2 (`apt-mark unhold`);
@@ -9,7 +9,11 @@ first converge: `--check --diff` must name exactly these five, `make lab` must p
   disruptive of the role's three);
 - the gateway's ConfigMap edited in the cluster (a comment appended to gateway.yaml);
 - /etc/crictl.yaml on gpu-node-2 edited by hand (a comment appended) and made 0600: a file of a role whose
-  write tasks run only for what files_in_place finds different (containerd's configure-containerd.yml).
+  write tasks run only for what files_in_place finds different (containerd's configure-containerd.yml);
+- gpu-tuning.service disabled by hand on gpu-node-2 (`systemctl disable`): a unit whose enabling runs only
+  when files_in_place finds it not enabled (gpu_tuning's install-boot-unit.yml);
+- chrony stopped by hand on gpu-node-2 (`systemctl stop`): a unit whose start runs only when files_in_place
+  finds it not running (common's time_sync.yml).
 
 Each expected value comes from its one home: the role's defaults and the lab inventory.
 """
@@ -48,6 +52,8 @@ NAMESPACE = _role("llm_gateway")["llm_gateway_namespace"]
 CONFIGMAP = "llm-gateway-config"  # roles/llm_gateway/templates/configmap.yml.j2
 FILE = str(_role("containerd")["__containerd_crictl_config"])
 FILE_MODE = "644"  # roles/containerd/tasks/configure-containerd.yml
+UNIT = str(_role("gpu_tuning")["__gpu_tuning_unit"])
+SERVICE = str(_role("common")["common_chrony_service"])
 
 # (task name start, host its result is reported on): what the first run must change, and nothing else
 EXPECTED_TASKS = {
@@ -56,6 +62,8 @@ EXPECTED_TASKS = {
     "sysctl": "Set the kernel parameters now and at boot",
     "configmap": "Apply the gateway's objects the cluster does not hold as rendered",
     "file": "Point crictl at containerd's CRI socket",
+    "unit": f"Enable {UNIT}",
+    "service": "Start chrony unless systemd's conditions ruled it out",
 }
 # the serving play applies the gateway's objects once, reported on the control plane
 EXPECTED = {(task, CONTROL_PLANE if key == "configmap" else NODE) for key, task in EXPECTED_TASKS.items()}
@@ -83,6 +91,13 @@ def file_state() -> tuple[str, bool]:
     """(the permission bits in octal, whether the hand edit is in it) of FILE on NODE."""
     mode = run_on(NODE, f"stat -c %a {FILE}").strip()
     return mode, FILE_MARK in run_on(NODE, f"cat {FILE}")
+
+
+def unit_state() -> tuple[str, str]:
+    """(whether UNIT is enabled, whether SERVICE runs) on NODE, as systemctl says them."""
+    enabled = on_node(NODE, f"systemctl is-enabled {UNIT}", timeout=60).stdout.strip()
+    active = on_node(NODE, f"systemctl is-active {SERVICE}", timeout=60).stdout.strip()
+    return enabled, active
 
 
 def gateway_config() -> str:
@@ -138,21 +153,24 @@ def reads_not_in_place(run: Run) -> list[tuple[str, str, list[str]]]:
 
 
 def inject() -> str:
-    """Make the five drifts on the converged lab; the gateway's configuration as it was."""
+    """Make the seven drifts on the converged lab; the gateway's configuration as it was."""
     limits = power_limits_w()
     assert limits and set(limits) == {POWER_W}, f"not converged ({limits})"
     assert PACKAGE in held() and sysctl_value() == SYSCTL_VALUE, "not converged"
     assert file_state() == (FILE_MODE, False), f"not converged ({FILE}: {file_state()})"
+    assert unit_state() == ("enabled", "active"), f"not converged ({UNIT}, {SERVICE}: {unit_state()})"
     config = gateway_config()
     run_on(NODE, f"fake-nvml power --gpu {GPU} --limit-w {DRIFT_POWER_W}")
     run_on(NODE, f"apt-mark unhold {PACKAGE}")
     run_on(NODE, f"sysctl -w {SYSCTL}=0")
     run_on(NODE, f"echo {shlex.quote(FILE_MARK)} >> {FILE} && chmod 600 {FILE}")
+    run_on(NODE, f"systemctl disable {UNIT} && systemctl stop {SERVICE}")
     set_gateway_config(config + "\n# edited in the cluster by tests/lab/test_site_on_lab.py\n")
     assert power_limits_w()[GPU] == DRIFT_POWER_W
     assert PACKAGE not in held()
     assert sysctl_value() == "0"
     assert file_state() == ("600", True)
+    assert unit_state() == ("disabled", "inactive")
     assert gateway_config() != config
     return config
 
@@ -165,6 +183,7 @@ def put_back(config: str) -> None:
     kept = f"{FILE}.kept"
     unmarked = f"grep -vxF {shlex.quote(FILE_MARK)} {FILE} > {kept}; cat {kept} > {FILE}; rm {kept}"
     run_on(NODE, f"{unmarked}; chmod {FILE_MODE} {FILE}")
+    run_on(NODE, f"systemctl enable {UNIT} && systemctl start {SERVICE}")
     if gateway_config() != config:
         set_gateway_config(config)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import grp
 import hashlib
+import json
 import os
 import pwd
 import stat
@@ -416,3 +417,182 @@ def test_a_file_of_mode_0000_fails_without_become(config: Path) -> None:
     config.chmod(0)
     msg = failure({"path": str(config), "checksum": sha1(CONTENT)})
     assert str(config) in msg and "become: true" in msg
+
+
+# --- units: systemd's state of the role's units, from one systemctl show call -------------------------------
+
+RUNNING_ENABLED = {
+    "LoadState": "loaded",
+    "UnitFileState": "enabled",
+    "ActiveState": "active",
+    "NeedDaemonReload": "no",
+    "ConditionResult": "yes",
+    "ConditionTimestampMonotonic": "36140269430",
+}
+FAKE_SYSTEMCTL = """#!/bin/sh
+# systemctl show as systemd prints it: a block of KEY=value lines per unit named after --, blank lines between
+echo "$@" >> "$FAKE_SYSTEMCTL_CALLS"
+[ -n "$FAKE_SYSTEMCTL_FAIL" ] && { echo "$FAKE_SYSTEMCTL_FAIL" >&2; exit 1; }
+exec python3 -c '
+import json, os, sys
+units = json.loads(os.environ["FAKE_UNITS"])
+names = sys.argv[sys.argv.index("--") + 1:]
+print("\\n\\n".join("\\n".join(f"{k}={v}" for k, v in {"Id": n, **units.get(n, {"LoadState": "not-found",
+    "UnitFileState": "", "ActiveState": "inactive"})}.items()) for n in names))
+' "$@"
+"""
+
+
+@pytest.fixture
+def systemd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fake systemctl first on PATH; the units it knows are set with units(); returns its call log."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "systemctl"
+    fake.write_text(FAKE_SYSTEMCTL)
+    fake.chmod(0o755)
+    calls = tmp_path / "systemctl-calls"
+    calls.write_text("")
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SYSTEMCTL_CALLS", str(calls))
+    monkeypatch.setenv("FAKE_UNITS", "{}")
+    return calls
+
+
+def units(monkeypatch: pytest.MonkeyPatch, **known: dict[str, str]) -> None:
+    monkeypatch.setenv(
+        "FAKE_UNITS", json.dumps({name.replace("_", "-"): state for name, state in known.items()})
+    )
+
+
+def check_units(
+    *wanted: dict[str, Any], files: list[dict[str, Any]] | None = None
+) -> tuple[bool, dict[str, Any]]:
+    return run_module(files_in_place, {"files": files or [], "units": list(wanted)})
+
+
+def test_units_enabled_and_running_are_in_place_from_one_systemctl_call(
+    systemd: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    units(monkeypatch, **{"chrony.service": RUNNING_ENABLED, "kubelet.service": RUNNING_ENABLED})
+    failed, result = check_units(
+        {"name": "chrony.service", "enabled": True, "active": True},
+        {"name": "kubelet.service", "enabled": True},
+    )
+    assert not failed, result
+    assert (result["in_place"], result["differ"], result["checked"]) == (True, [], 2)
+    assert result["units"]["chrony.service"]["ConditionResult"] == "yes"
+    calls = systemd.read_text().splitlines()
+    assert len(calls) == 1
+    assert calls[0].startswith("show --property=Id,LoadState,UnitFileState,ActiveState,NeedDaemonReload,")
+    assert calls[0].endswith("-- chrony.service kubelet.service")
+
+
+@pytest.mark.parametrize(
+    ("state", "wanted", "reason"),
+    [
+        ({"ActiveState": "inactive"}, {"active": True}, "not running (ActiveState=inactive)"),
+        ({"ActiveState": "failed"}, {"active": True}, "not running (ActiveState=failed)"),
+        ({"UnitFileState": "disabled"}, {"enabled": True}, "not enabled (UnitFileState=disabled)"),
+        # enabled for this boot only, or through another unit: systemd_service enables such a unit again
+        (
+            {"UnitFileState": "enabled-runtime"},
+            {"enabled": True},
+            "not enabled (UnitFileState=enabled-runtime)",
+        ),
+        ({"UnitFileState": "indirect"}, {"enabled": True}, "not enabled (UnitFileState=indirect)"),
+        ({"UnitFileState": "masked"}, {"enabled": True}, "not enabled (UnitFileState=masked)"),
+        ({}, {"enabled": False}, "enabled, want disabled (UnitFileState=enabled)"),
+        ({}, {"active": False}, "running, want stopped (ActiveState=active)"),
+        (
+            {"ActiveState": "deactivating"},
+            {"active": False},
+            "running, want stopped (ActiveState=deactivating)",
+        ),
+        (
+            {"NeedDaemonReload": "yes"},
+            {"enabled": True},
+            "its unit file changed on disk since systemd read it",
+        ),
+        ({"LoadState": "not-found"}, {"enabled": True}, "not loaded (LoadState=not-found)"),
+        ({"LoadState": "not-found"}, {"active": True, "enabled": False}, "not loaded (LoadState=not-found)"),
+    ],
+)
+def test_a_unit_not_as_the_role_wants_it_differs_with_its_reason(
+    systemd: Path, monkeypatch: pytest.MonkeyPatch, state: dict[str, str], wanted: dict[str, Any], reason: str
+) -> None:
+    units(monkeypatch, **{"x.service": {**RUNNING_ENABLED, **state}})
+    failed, result = check_units({"name": "x.service", **wanted})
+    assert not failed, result
+    assert (result["in_place"], result["differ"], result["reasons"]) == (
+        False,
+        ["x.service"],
+        {"x.service": [reason]},
+    )
+
+
+@pytest.mark.parametrize(
+    ("state", "wanted"),
+    [
+        ({"UnitFileState": "static"}, {"enabled": True}),
+        ({"ActiveState": "activating"}, {"active": True}),
+        ({"UnitFileState": "disabled", "ActiveState": "inactive"}, {"enabled": False, "active": False}),
+        # a unit the role wants neither enabled nor running may be gone
+        ({"LoadState": "not-found", "UnitFileState": "", "ActiveState": "inactive"}, {"enabled": False}),
+    ],
+)
+def test_a_unit_as_the_role_wants_it_is_in_place(
+    systemd: Path, monkeypatch: pytest.MonkeyPatch, state: dict[str, str], wanted: dict[str, Any]
+) -> None:
+    units(monkeypatch, **{"x.service": {**RUNNING_ENABLED, **state}})
+    failed, result = check_units({"name": "x.service", **wanted})
+    assert not failed, result
+    assert result["in_place"] is True, result["reasons"]
+
+
+def test_files_and_units_are_reported_together(
+    systemd: Path, monkeypatch: pytest.MonkeyPatch, config: Path
+) -> None:
+    units(monkeypatch, **{"x.service": {**RUNNING_ENABLED, "ActiveState": "inactive"}})
+    failed, result = check_units(
+        {"name": "x.service", "active": True}, files=[{"path": str(config), "checksum": sha1(b"other")}]
+    )
+    assert not failed, result
+    assert result["differ"] == [str(config), "x.service"]
+    assert result["checked"] == 2
+
+
+@pytest.mark.parametrize(
+    ("wanted", "says"),
+    [
+        ([{"name": "x.service"}], "units[0]: give enabled, active or both"),
+        ([{"name": "x.service", "active": True}, {"name": "x.service", "enabled": True}],
+         "units[0].name and units[1].name both name x.service"),
+        ([{"name": "-x", "active": True}], "units[0].name: '-x' is not a unit name"),
+        ([{"name": "a b", "active": True}], "units[0].name: 'a b' is not a unit name"),
+    ],
+)  # fmt: skip
+def test_a_unit_entry_it_cannot_check_is_refused_naming_it(
+    systemd: Path, wanted: list[dict[str, Any]], says: str
+) -> None:
+    failed, result = check_units(*wanted)
+    assert failed
+    assert result["msg"] == says
+    assert systemd.read_text() == ""
+
+
+def test_a_failing_systemctl_fails_the_task_with_its_message(
+    systemd: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_SYSTEMCTL_FAIL", "Failed to connect to bus: No such file or directory")
+    failed, result = check_units({"name": "x.service", "active": True})
+    assert failed
+    assert (
+        result["msg"] == "systemctl show failed (rc 1): Failed to connect to bus: No such file or directory"
+    )
+
+
+def test_without_units_systemctl_is_not_called(systemd: Path, config: Path) -> None:
+    result = checked_ok({"path": str(config), "checksum": sha1(CONTENT)})
+    assert "units" in result and result["units"] == {}
+    assert systemd.read_text() == ""
