@@ -78,10 +78,13 @@ options:
       - The systemd units the role's M(ansible.builtin.systemd_service) tasks manage, each with whether the
         role wants it enabled at boot and running now. One C(systemctl show) call reads them all; a unit not
         as wanted is in RV(differ) under its name, beside the paths.
-      - "Enabled is what M(ansible.builtin.systemd_service) takes for enabled: C(UnitFileState) V(enabled),
-        V(static), V(generated) or V(transient); running is C(ActiveState) V(active) or V(activating). A
-        unit systemd has not loaded differs unless the role wants it neither enabled nor running, and so does
-        a unit whose file changed on disk since systemd read it (C(NeedDaemonReload))."
+      - "Enabled is what M(ansible.builtin.systemd_service) takes for enabled: C(systemctl is-enabled) exits 0
+        and prints neither V(enabled-runtime), V(indirect) nor V(alias) (asked of each unit whose enabling
+        the role manages, as that module does: systemd's own C(UnitFileState) is cached until a
+        daemon-reload). Running is C(ActiveState) V(active) or V(activating). A unit systemd has not loaded
+        differs unless the role wants it neither enabled nor running."
+      - A name is the unit's name as the role's task gives it (V(chrony) and V(chrony.service) are two
+        entries); no globs.
       - "The read is taken when the task runs: gate a unit's task on it only where nothing the role did since
         (a package installed, a unit file written) can change the unit's state."
     type: list
@@ -183,7 +186,10 @@ checked:
   type: int
   sample: 2
 units:
-  description: What systemd reports of each unit of O(units), by its name as given (empty without O(units)).
+  description:
+    - What systemd reports of each unit of O(units), by its name as given (empty without O(units)).
+    - C(IsEnabled) is what C(systemctl is-enabled) printed and its exit status, for a loaded unit whose
+      enabling is compared.
   returned: always
   type: dict
   sample:
@@ -195,6 +201,7 @@ units:
       NeedDaemonReload: "no"
       ConditionResult: "yes"
       ConditionTimestampMonotonic: "36140269430"
+      IsEnabled: enabled 0
 """
 
 import grp
@@ -252,6 +259,7 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "units": {"type": "list", "elements": "dict", "default": [], "options": UNIT_SPEC},
 }
 
+SYSTEMCTL_ENV = {"LC_ALL": "C", "SYSTEMD_PAGER": ""}
 # What systemctl show reports of each unit, in one call for all of them.
 UNIT_PROPERTIES = (
     "Id",
@@ -262,9 +270,13 @@ UNIT_PROPERTIES = (
     "ConditionResult",
     "ConditionTimestampMonotonic",
 )
-# A unit ansible.builtin.systemd_service takes for enabled (systemctl is-enabled exits 0, and it is not
-# enabled-runtime, indirect or alias, which that module enables again).
-ENABLED_STATES = frozenset({"enabled", "static", "generated", "transient"})
+# What systemctl is-enabled prints of a unit ansible.builtin.systemd_service takes for enabled: it exits 0,
+# and the state is not enabled-runtime, indirect or alias, which that module enables again. Asked of
+# is-enabled, as that module does, not read from systemctl show's UnitFileState: systemd caches that until
+# its next daemon-reload, so a link removed by hand would still read enabled.
+NOT_ENABLED_THOUGH_ZERO = frozenset({"enabled-runtime", "indirect", "alias"})
+# Characters no unit name the roles give holds; a glob would make systemctl show several units.
+UNIT_NAME = re.compile(r"[A-Za-z0-9:_.@\\-]+")
 # ... and for running (state=started starts any other).
 RUNNING_STATES = frozenset({"active", "activating"})
 
@@ -522,7 +534,7 @@ def validated_units(entries: list[dict[str, Any]]) -> list[WantedUnit]:
     seen: dict[str, int] = {}
     for index, entry in enumerate(entries):
         name = entry["name"]
-        if not name or name.startswith("-") or any(c.isspace() for c in name):
+        if name.startswith("-") or not UNIT_NAME.fullmatch(name):
             raise EntryError(f"{entry_field('units', index, 'name')}: {name!r} is not a unit name")
         if entry["enabled"] is None and entry["active"] is None:
             raise EntryError(f"{entry_name('units', index)}: give enabled, active or both")
@@ -545,19 +557,20 @@ def parsed_show(output: str, count: int) -> list[dict[str, str]]:
 
 
 def unit_reasons(wanted: WantedUnit, shown: dict[str, str]) -> list[str]:
+    """Why the unit is not as wanted: SHOWN is what systemctl show says of it, with ``IsEnabled``, what
+    systemctl is-enabled printed and its exit status (``state rc``), where enabled is wanted or unwanted."""
     load = shown.get("LoadState", "")
     if load != "loaded":
         # a unit the role wants neither enabled nor running may as well not be there
         wants_it = wanted.enabled is True or wanted.active is True
         return [f"not loaded (LoadState={load or 'unknown'})"] if wants_it else []
     reasons: list[str] = []
-    if shown.get("NeedDaemonReload") == "yes":
-        reasons.append("its unit file changed on disk since systemd read it")
-    file_state = shown.get("UnitFileState", "")
-    if wanted.enabled is True and file_state not in ENABLED_STATES:
-        reasons.append(f"not enabled (UnitFileState={file_state or 'none'})")
-    if wanted.enabled is False and file_state in ENABLED_STATES:
-        reasons.append(f"enabled, want disabled (UnitFileState={file_state})")
+    file_state, _, rc = shown.get("IsEnabled", " 1").rpartition(" ")
+    enabled = rc == "0" and file_state not in NOT_ENABLED_THOUGH_ZERO
+    if wanted.enabled is True and not enabled:
+        reasons.append(f"not enabled (is-enabled: {file_state or 'nothing'})")
+    if wanted.enabled is False and enabled:
+        reasons.append(f"enabled, want disabled (is-enabled: {file_state})")
     active = shown.get("ActiveState", "")
     if wanted.active is True and active not in RUNNING_STATES:
         reasons.append(f"not running (ActiveState={active or 'unknown'})")
@@ -575,11 +588,20 @@ def shown_units(module: AnsibleModule, wanted: list[WantedUnit]) -> list[dict[st
         raise CannotLook("systemctl is not on this host: the units cannot be read")
     rc, out, err = module.run_command(
         [systemctl, "show", f"--property={','.join(UNIT_PROPERTIES)}", "--", *[unit.name for unit in wanted]],
-        environ_update={"LC_ALL": "C", "SYSTEMD_PAGER": ""},
+        environ_update=SYSTEMCTL_ENV,
     )
     if rc != 0:
         raise CannotLook(f"systemctl show failed (rc {rc}): {err.strip() or out.strip()}")
-    return parsed_show(out, len(wanted))
+    shown = parsed_show(out, len(wanted))
+    for unit, properties in zip(wanted, shown, strict=True):
+        if unit.enabled is not None and properties.get("LoadState") == "loaded":
+            # one unit a call: is-enabled prints nothing on stdout for a unit it cannot read, so the lines of
+            # several would not line up
+            rc, out, _ = module.run_command(
+                [systemctl, "is-enabled", "--", unit.name], environ_update=SYSTEMCTL_ENV
+            )
+            properties["IsEnabled"] = f"{out.strip().splitlines()[0] if out.strip() else ''} {rc}"
+    return shown
 
 
 def main() -> None:

@@ -67,7 +67,7 @@ def argument_type_mismatches(options: Mapping[str, Any], values: Mapping[str, An
         if kind not in TYPES:
             continue
         if name not in values:
-            raise AnsibleActionFail(f"argument types: no value given for {name}")
+            raise AnsibleActionFail(f"argument_types: no value given for {name}")
         if not TYPES[kind][1](values[name]):
             mismatches.append({"name": name, "type": kind, "value": values[name]})
     return mismatches
@@ -92,10 +92,16 @@ def typed_options(role_path: str) -> dict[str, Any]:
     """The options of ROLE_PATH's entry point main whose type is checked, name -> spec."""
     specs_file = Path(role_path) / "meta" / "argument_specs.yml"
     try:
-        specs = yaml.safe_load(specs_file.read_text(encoding="utf-8")) or {}
-    except OSError as err:
+        specs = yaml.safe_load(specs_file.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as err:
         raise AnsibleActionFail(f"argument_types: cannot read {specs_file}: {err}") from err
-    options = ((specs.get("argument_specs") or {}).get("main") or {}).get("options") or {}
+    entry_points = specs.get("argument_specs") if isinstance(specs, Mapping) else None
+    main = entry_points.get("main") if isinstance(entry_points, Mapping) else None
+    if not isinstance(main, Mapping):
+        raise AnsibleActionFail(
+            f"argument_types: {specs_file} has no argument_specs.main to check the types by"
+        )
+    options = main.get("options") or {}
     return {
         name: spec
         for name, spec in options.items()
@@ -174,8 +180,13 @@ class ActionModule(ActionBase):
                         check=index,
                     )
                     return result
-        types = "the argument types and " if argument_types else ""
-        result.update(changed=False, msg=f"{types}{evaluated} of {len(checks)} checks evaluated, all hold")
+        counted = f"{evaluated} of {len(checks)} checks evaluated"
+        said = (
+            (f"the argument types and {counted}" if checks else "the argument types")
+            if argument_types
+            else counted
+        )
+        result.update(changed=False, msg=f"{said}, all hold")
         return result
 
     def _argument_type_mismatches(self, task_vars: Mapping[str, Any]) -> list[dict[str, Any]]:

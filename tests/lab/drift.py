@@ -10,8 +10,9 @@ first converge: `--check --diff` must name exactly these seven, `make lab` must 
 - the gateway's ConfigMap edited in the cluster (a comment appended to gateway.yaml);
 - /etc/crictl.yaml on gpu-node-2 edited by hand (a comment appended) and made 0600: a file of a role whose
   write tasks run only for what files_in_place finds different (containerd's configure-containerd.yml);
-- gpu-tuning.service disabled by hand on gpu-node-2 (`systemctl disable`): a unit whose enabling runs only
-  when files_in_place finds it not enabled (gpu_tuning's install-boot-unit.yml);
+- gpu-tuning.service disabled by hand on gpu-node-2 without a daemon-reload (`systemctl --no-reload
+  disable`, as removing its link by hand would: systemd's cached UnitFileState still says enabled): a unit
+  whose enabling runs only when files_in_place finds it not enabled (gpu_tuning's install-boot-unit.yml);
 - chrony stopped by hand on gpu-node-2 (`systemctl stop`): a unit whose start runs only when files_in_place
   finds it not running (common's time_sync.yml).
 
@@ -164,7 +165,7 @@ def inject() -> str:
     run_on(NODE, f"apt-mark unhold {PACKAGE}")
     run_on(NODE, f"sysctl -w {SYSCTL}=0")
     run_on(NODE, f"echo {shlex.quote(FILE_MARK)} >> {FILE} && chmod 600 {FILE}")
-    run_on(NODE, f"systemctl disable {UNIT} && systemctl stop {SERVICE}")
+    run_on(NODE, f"systemctl --no-reload disable {UNIT} && systemctl stop {SERVICE}")
     set_gateway_config(config + "\n# edited in the cluster by tests/lab/test_site_on_lab.py\n")
     assert power_limits_w()[GPU] == DRIFT_POWER_W
     assert PACKAGE not in held()

@@ -428,17 +428,28 @@ RUNNING_ENABLED = {
     "NeedDaemonReload": "no",
     "ConditionResult": "yes",
     "ConditionTimestampMonotonic": "36140269430",
+    # what systemctl is-enabled prints (read from disk, where UnitFileState is systemd's cached view)
+    "is-enabled": "enabled",
 }
 FAKE_SYSTEMCTL = """#!/bin/sh
-# systemctl show as systemd prints it: a block of KEY=value lines per unit named after --, blank lines between
+# systemctl show as systemd prints it (a block of KEY=value lines per unit named after --, blank lines
+# between), and is-enabled of one unit: its state on stdout, exit 0 for the states systemd counts as enabled
 echo "$@" >> "$FAKE_SYSTEMCTL_CALLS"
 [ -n "$FAKE_SYSTEMCTL_FAIL" ] && { echo "$FAKE_SYSTEMCTL_FAIL" >&2; exit 1; }
 exec python3 -c '
 import json, os, sys
 units = json.loads(os.environ["FAKE_UNITS"])
+gone = {"LoadState": "not-found", "UnitFileState": "", "ActiveState": "inactive"}
 names = sys.argv[sys.argv.index("--") + 1:]
-print("\\n\\n".join("\\n".join(f"{k}={v}" for k, v in {"Id": n, **units.get(n, {"LoadState": "not-found",
-    "UnitFileState": "", "ActiveState": "inactive"})}.items()) for n in names))
+if sys.argv[1] == "is-enabled":
+    state = units.get(names[0], {}).get("is-enabled")
+    if state is None:
+        sys.exit(print(f"Failed to get unit file state for {names[0]}: No such file", file=sys.stderr) or 1)
+    print(state)
+    zero = {"enabled", "enabled-runtime", "static", "alias", "indirect", "generated", "transient"}
+    sys.exit(0 if state in zero else 1)
+print("\\n\\n".join("\\n".join(f"{k}={v}" for k, v in {"Id": n, **units.get(n, gone)}.items()
+    if k != "is-enabled") for n in names))
 ' "$@"
 """
 
@@ -483,9 +494,10 @@ def test_units_enabled_and_running_are_in_place_from_one_systemctl_call(
     assert (result["in_place"], result["differ"], result["checked"]) == (True, [], 2)
     assert result["units"]["chrony.service"]["ConditionResult"] == "yes"
     calls = systemd.read_text().splitlines()
-    assert len(calls) == 1
+    # one show for both; is-enabled of each unit whose enabling is compared
     assert calls[0].startswith("show --property=Id,LoadState,UnitFileState,ActiveState,NeedDaemonReload,")
     assert calls[0].endswith("-- chrony.service kubelet.service")
+    assert calls[1:] == ["is-enabled -- chrony.service", "is-enabled -- kubelet.service"]
 
 
 @pytest.mark.parametrize(
@@ -493,26 +505,23 @@ def test_units_enabled_and_running_are_in_place_from_one_systemctl_call(
     [
         ({"ActiveState": "inactive"}, {"active": True}, "not running (ActiveState=inactive)"),
         ({"ActiveState": "failed"}, {"active": True}, "not running (ActiveState=failed)"),
-        ({"UnitFileState": "disabled"}, {"enabled": True}, "not enabled (UnitFileState=disabled)"),
-        # enabled for this boot only, or through another unit: systemd_service enables such a unit again
+        ({"is-enabled": "disabled"}, {"enabled": True}, "not enabled (is-enabled: disabled)"),
+        # its link removed by hand: systemd's cached UnitFileState still says enabled, is-enabled does not
         (
-            {"UnitFileState": "enabled-runtime"},
+            {"UnitFileState": "enabled", "is-enabled": "disabled"},
             {"enabled": True},
-            "not enabled (UnitFileState=enabled-runtime)",
+            "not enabled (is-enabled: disabled)",
         ),
-        ({"UnitFileState": "indirect"}, {"enabled": True}, "not enabled (UnitFileState=indirect)"),
-        ({"UnitFileState": "masked"}, {"enabled": True}, "not enabled (UnitFileState=masked)"),
-        ({}, {"enabled": False}, "enabled, want disabled (UnitFileState=enabled)"),
+        # enabled for this boot only, or through another unit: systemd_service enables such a unit again
+        ({"is-enabled": "enabled-runtime"}, {"enabled": True}, "not enabled (is-enabled: enabled-runtime)"),
+        ({"is-enabled": "indirect"}, {"enabled": True}, "not enabled (is-enabled: indirect)"),
+        ({"is-enabled": "masked"}, {"enabled": True}, "not enabled (is-enabled: masked)"),
+        ({}, {"enabled": False}, "enabled, want disabled (is-enabled: enabled)"),
         ({}, {"active": False}, "running, want stopped (ActiveState=active)"),
         (
             {"ActiveState": "deactivating"},
             {"active": False},
             "running, want stopped (ActiveState=deactivating)",
-        ),
-        (
-            {"NeedDaemonReload": "yes"},
-            {"enabled": True},
-            "its unit file changed on disk since systemd read it",
         ),
         ({"LoadState": "not-found"}, {"enabled": True}, "not loaded (LoadState=not-found)"),
         ({"LoadState": "not-found"}, {"active": True, "enabled": False}, "not loaded (LoadState=not-found)"),
@@ -534,9 +543,12 @@ def test_a_unit_not_as_the_role_wants_it_differs_with_its_reason(
 @pytest.mark.parametrize(
     ("state", "wanted"),
     [
-        ({"UnitFileState": "static"}, {"enabled": True}),
+        ({"is-enabled": "static"}, {"enabled": True}),
+        ({"is-enabled": "generated"}, {"enabled": True}),
+        # systemd_service does not reload for a unit file changed on disk: neither is it a difference here
+        ({"NeedDaemonReload": "yes"}, {"enabled": True, "active": True}),
         ({"ActiveState": "activating"}, {"active": True}),
-        ({"UnitFileState": "disabled", "ActiveState": "inactive"}, {"enabled": False, "active": False}),
+        ({"is-enabled": "disabled", "ActiveState": "inactive"}, {"enabled": False, "active": False}),
         # a unit the role wants neither enabled nor running may be gone
         ({"LoadState": "not-found", "UnitFileState": "", "ActiveState": "inactive"}, {"enabled": False}),
     ],
@@ -570,6 +582,8 @@ def test_files_and_units_are_reported_together(
          "units[0].name and units[1].name both name x.service"),
         ([{"name": "-x", "active": True}], "units[0].name: '-x' is not a unit name"),
         ([{"name": "a b", "active": True}], "units[0].name: 'a b' is not a unit name"),
+        ([{"name": "nvidia-*", "active": True}], "units[0].name: 'nvidia-*' is not a unit name"),
+        ([{"name": "/etc/x.service", "active": True}], "units[0].name: '/etc/x.service' is not a unit name"),
     ],
 )  # fmt: skip
 def test_a_unit_entry_it_cannot_check_is_refused_naming_it(

@@ -135,10 +135,70 @@ def test_one_failure_names_every_wrong_variable(tmp_path: Path) -> None:
     assert "gpu_tuning_target_temperature_c must" not in out
 
 
-def test_values_of_their_types_pass(tmp_path: Path) -> None:
-    done = run_validate("kubernetes_api_client", {}, tmp_path)
+def fixture_role(tmp_path: Path, specs: dict[str, Any] | None) -> Path:
+    """Role x in TMP_PATH/roles: x_list a list whose default is a Jinja expression, x_count an int; its
+    tasks one value_checks task with argument_types. SPECS replaces its argument specs."""
+    role = tmp_path / "roles" / "x"
+    for sub in ("defaults", "meta", "tasks"):
+        (role / sub).mkdir(parents=True)
+    (role / "defaults/main.yml").write_text('x_source: [1, 2]\nx_list: "{{ x_source }}"\nx_count: 3\n')
+    options = {"x_list": {"type": "list"}, "x_count": {"type": "int"}, "x_source": {"type": "raw"}}
+    default_specs = {"argument_specs": {"main": {"short_description": "x", "options": options}}}
+    (role / "meta/argument_specs.yml").write_text(
+        yaml.safe_dump(specs if specs is not None else default_specs)
+    )
+    (role / "tasks/main.yml").write_text(
+        "- name: Check the x values\n  value_checks:\n    argument_types: true\n  register: checked\n"
+        "- name: Show\n  ansible.builtin.debug:\n    msg: RESULT {{ checked.msg }}\n"
+    )
+    return tmp_path / "roles"
+
+
+def run_role(roles: Path, extra: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    playbook = roles.parent / "play.yml"
+    playbook.write_text("- hosts: localhost\n  gather_facts: false\n  roles: [x]\n")
+    env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_ROLES_PATH": str(roles),
+    }
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local",
+         str(playbook), "-e", json.dumps({"ansible_python_interpreter": sys.executable, **extra})],
+        cwd=ROOT, capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+
+
+def test_values_of_their_types_pass_and_a_jinja_default_is_checked_as_it_renders(tmp_path: Path) -> None:
+    roles = fixture_role(tmp_path, None)
+    done = run_role(roles, {})
     assert done.returncode == 0, done.stdout[-3000:]
-    assert "Check that kubernetes_api_client_version is an exact version" in done.stdout
+    assert "RESULT the argument types, all hold" in done.stdout
+    # x_list's default renders x_source: a string there makes x_list a string
+    done = run_role(roles, {"x_source": "1,2"})
+    assert done.returncode == 2, done.stdout[-3000:]
+    out = flat(done.stdout).replace("''", "'")
+    assert sentence("x_list", "a list", '"1,2"', "[]") in out, done.stdout[-3000:]
+    assert "x_count must" not in out
+
+
+@pytest.mark.parametrize(
+    ("specs", "says"),
+    [
+        (
+            {"argument_specs": {"settings": {"options": {}}}},
+            "has no argument_specs.main to check the types by",
+        ),
+        (["not", "a", "mapping"], "has no argument_specs.main to check the types by"),
+    ],
+)
+def test_specs_without_a_main_entry_point_are_refused_naming_the_file(
+    tmp_path: Path, specs: Any, says: str
+) -> None:
+    done = run_role(fixture_role(tmp_path, specs), {})
+    assert done.returncode == 2, done.stdout[-3000:]
+    assert "meta/argument_specs.yml " + says in flat(done.stdout), done.stdout[-3000:]
 
 
 def test_a_task_outside_a_role_is_refused(tmp_path: Path) -> None:
