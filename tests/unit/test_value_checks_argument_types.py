@@ -78,31 +78,28 @@ def test_the_typed_options_are_read_from_the_roles_own_specs() -> None:
     assert "gpu_tuning_power_limit_w" in options
 
 
+def ansible_playbook(
+    playbook: Path, extra: dict[str, Any] | None = None, roles: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """PLAYBOOK on this machine; EXTRA as extra vars (JSON: their types kept), ROLES as the roles path."""
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
+    if roles is not None:
+        env["ANSIBLE_ROLES_PATH"] = str(roles)
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local",
+         str(playbook), "-e", json.dumps({"ansible_python_interpreter": sys.executable, **(extra or {})})],
+        cwd=ROOT, capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+
+
 def run_validate(role: str, extra: dict[str, Any], tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    """ROLE's tasks/validate.yml on this machine, with EXTRA as extra vars (JSON: their types kept)."""
+    """ROLE's tasks/validate.yml on this machine, with EXTRA as extra vars."""
     playbook = tmp_path / "validate.yml"
     playbook.write_text(
         "- hosts: localhost\n  gather_facts: false\n  tasks:\n"
         f"    - ansible.builtin.include_role:\n        name: {role}\n        tasks_from: validate\n"
     )
-    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
-    return subprocess.run(
-        [
-            str(Path(sys.executable).parent / "ansible-playbook"),
-            "-i",
-            "localhost,",
-            "-c",
-            "local",
-            str(playbook),
-            "-e",
-            json.dumps({"ansible_python_interpreter": sys.executable, **extra}),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    return ansible_playbook(playbook, extra)
 
 
 def sentence(name: str, wanted: str, got: str, example: str) -> str:
@@ -157,17 +154,7 @@ def fixture_role(tmp_path: Path, specs: dict[str, Any] | None) -> Path:
 def run_role(roles: Path, extra: dict[str, Any]) -> subprocess.CompletedProcess[str]:
     playbook = roles.parent / "play.yml"
     playbook.write_text("- hosts: localhost\n  gather_facts: false\n  roles: [x]\n")
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_ROLES_PATH": str(roles),
-    }
-    return subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local",
-         str(playbook), "-e", json.dumps({"ansible_python_interpreter": sys.executable, **extra})],
-        cwd=ROOT, capture_output=True, text=True, env=env, timeout=300,
-    )  # fmt: skip
+    return ansible_playbook(playbook, extra, roles)
 
 
 def test_values_of_their_types_pass_and_a_jinja_default_is_checked_as_it_renders(tmp_path: Path) -> None:
@@ -207,12 +194,7 @@ def test_a_task_outside_a_role_is_refused(tmp_path: Path) -> None:
         "- hosts: localhost\n  gather_facts: false\n  tasks:\n"
         "    - value_checks:\n        argument_types: true\n"
     )
-    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
-    done = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local",
-         str(playbook)],
-        cwd=ROOT, capture_output=True, text=True, env=env, timeout=300,
-    )  # fmt: skip
+    done = ansible_playbook(playbook)
     assert done.returncode == 2, done.stdout[-3000:]
     assert "argument_types: true needs a task of a role" in done.stdout
 
