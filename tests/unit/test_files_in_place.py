@@ -471,9 +471,7 @@ def systemd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def units(monkeypatch: pytest.MonkeyPatch, **known: dict[str, str]) -> None:
-    monkeypatch.setenv(
-        "FAKE_UNITS", json.dumps({name.replace("_", "-"): state for name, state in known.items()})
-    )
+    monkeypatch.setenv("FAKE_UNITS", json.dumps(known))
 
 
 def check_units(
