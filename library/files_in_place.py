@@ -1,6 +1,7 @@
 #!/usr/bin/python
-"""Ansible module files_in_place: which of a role's managed paths differ from what the role writes, and which
-of its units are not enabled or running as it wants."""
+"""Ansible module files_in_place: which of a role's managed paths differ from what the role writes, which of
+the partial edits it makes of files (lineinfile, blockinfile, replace) are not there yet, and which of its
+units are not enabled or running as it wants."""
 
 from __future__ import annotations
 
@@ -11,13 +12,15 @@ short_description: Tell which of a role's managed paths and units are not as the
 description:
   - In one module call, compares each path in O(files) with what the role's write tasks
     (M(ansible.builtin.template), M(ansible.builtin.copy), M(ansible.builtin.file)) would make of it (its
-    content as a SHA-1 digest, owner, group, mode and kind, or that nothing is there).
+    content as a SHA-1 digest, owner, group, mode and kind, or that nothing is there), each partial edit in
+    O(edits) with the file it edits (M(ansible.builtin.lineinfile), M(ansible.builtin.blockinfile),
+    M(ansible.builtin.replace)), and each unit in O(units) with what systemd says of it.
   - Meant to run first in a role, registered, so that each write task runs only C(when) its path is in
     RV(differ). A write task costs two module calls even when it changes nothing; on a run where everything
     is in place the role then costs this one call instead.
   - "Caveat: the role must list every path its write tasks manage. A write task skipped because its path is
-    not in RV(differ) never runs, so drift on a path left out of O(files) goes unseen and is never put
-    right."
+    not in RV(differ) never runs, so drift on a path left out of O(files) and O(edits) goes unseen and is
+    never put right."
   - Never changes anything; C(changed) is always false, and it runs the same in check mode.
   - "O(files[].state=file) and O(files[].state=directory) follow symlinks (C(os.stat)): a link to a file in
     place is in place, and a dangling link counts as missing. M(ansible.builtin.copy) and
@@ -32,10 +35,10 @@ options:
   files:
     description:
       - The paths the role's write tasks manage, each with what the role writes there.
-      - A path may be listed once only.
+      - A path may be listed once only, in O(files) and O(edits) together.
     type: list
     elements: dict
-    required: true
+    default: []
     suboptions:
       path:
         description: Absolute path on the target.
@@ -72,6 +75,91 @@ options:
             with the path's permission bits (C(stat.S_IMODE)).
           - Quote it. YAML reads an unquoted V(0644) as the number 420, and the module rejects a number.
           - Not with O(files[].state=absent).
+        type: raw
+  edits:
+    description:
+      - The partial edits the role makes of files with M(ansible.builtin.lineinfile),
+        M(ansible.builtin.blockinfile) and M(ansible.builtin.replace), each in place when that task would
+        change nothing. A differing edit is in RV(differ) under its path, beside the paths of O(files).
+      - Each entry gives exactly one of O(edits[].line), O(edits[].block) and O(edits[].absent_regexp).
+      - "Caveat: the entry must hold exactly the values the role's task passes (the same V(line), V(block),
+        markers, V(regexp), owner, group and mode), or the verdict is about another edit than the task's."
+      - The test is conservative. Where it cannot be sure that the task changes nothing, the edit differs
+        and the role's task runs and decides; it never calls in place an edit the task would make.
+      - A missing file differs (the task creates it, with C(create=true), or fails), and so does a path that
+        is not a regular file. Symlinks are followed, as the three tasks follow them.
+      - The file is read whole, as bytes decoded as UTF-8 (bytes that are not UTF-8 do not fail the task; they
+        match only themselves).
+      - A path may be listed once only, in O(files) and O(edits) together.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      path:
+        description: Absolute path on the target of the file the task edits.
+        type: str
+        required: true
+      line:
+        description:
+          - The V(line) of the role's M(ansible.builtin.lineinfile) task with
+            O(ansible.builtin.lineinfile#module:state=present) and neither V(regexp) nor V(search_string).
+            Its V(insertbefore) and V(insertafter) do not count, as that task changes nothing once the line is
+            there, wherever it is; but not with V(firstmatch=true) and a regular expression in either, as that
+            task then stops looking for the line at the first line the expression matches.
+          - 'In place when the file has the line: the last line of the file that reads O(edits[].line), its
+            trailing C(\r) and C(\n) left out, must end with a single C(\n), or lineinfile rewrites it (a
+            C(\r\n) line ending, or the last line of the file with no line break, differs).'
+          - A C(\n) in it is refused (no line of a file can equal it, so lineinfile would add it every run).
+        type: str
+      block:
+        description:
+          - The V(block) of the role's M(ansible.builtin.blockinfile) task with
+            O(ansible.builtin.blockinfile#module:state=present), and neither V(prepend_newline) nor
+            V(append_newline) set. Empty is refused (the task then removes the block).
+          - 'In place, conservatively, only when the begin marker line occurs exactly once in the file; the
+            end marker line exactly once, after it; the lines between them are the block''s own lines, breaks
+            included (a C(\n) added to a block that does not end with one, as the task adds it); the line
+            before the begin marker, if any, ends with C(\n); and the file ends with a C(\n). Anything else
+            differs, markers found twice included, though the task may then change nothing.'
+        type: str
+      marker:
+        description:
+          - The block's V(marker), holding V({mark}); only with O(edits[].block). Left out, blockinfile's
+            default V(# {mark} ANSIBLE MANAGED BLOCK).
+        type: str
+      marker_begin:
+        description:
+          - What the task puts for V({mark}) in the begin marker; only with O(edits[].block). Left out,
+            blockinfile's default V(BEGIN).
+        type: str
+      marker_end:
+        description:
+          - What the task puts for V({mark}) in the end marker; only with O(edits[].block). Left out,
+            blockinfile's default V(END).
+        type: str
+      absent_regexp:
+        description:
+          - The V(regexp) of the role's M(ansible.builtin.replace) task, without V(after) or V(before),
+            where the role's replacement makes text the regexp no longer matches.
+          - In place when the regexp matches nowhere in the file, searched as that task does (Python's
+            C(re), C(re.MULTILINE)). A match differs, even where the replacement would leave the text as it
+            is.
+          - An invalid regular expression is refused.
+        type: str
+      owner:
+        description:
+          - User name or numeric uid the file must belong to (the task's V(owner)), compared by uid. A name
+            that does not resolve on the target makes the edit differ.
+        type: str
+      group:
+        description:
+          - Group name or numeric gid (the task's V(group)), compared by gid. A name that does not resolve
+            on the target makes the edit differ.
+        type: str
+      mode:
+        description:
+          - Permission bits (the task's V(mode)) as a quoted octal string of 3 or 4 digits (V("0644")),
+            compared with the file's permission bits.
         type: raw
   units:
     description:
@@ -117,6 +205,9 @@ notes:
 seealso:
   - module: ansible.builtin.stat
   - module: ansible.builtin.template
+  - module: ansible.builtin.lineinfile
+  - module: ansible.builtin.blockinfile
+  - module: ansible.builtin.replace
 """
 
 EXAMPLES = r"""
@@ -159,29 +250,75 @@ EXAMPLES = r"""
         state: absent
   become: true
   register: containerd_files
+
+- name: Find which of the role's edits of files the system does not have yet
+  files_in_place:
+    edits:
+      - path: /etc/sysctl.d/99-local.conf
+        line: vm.max_map_count = 262144
+        mode: "0644"
+      - path: /etc/hosts
+        block: |
+          10.0.0.11 gpu-node-1
+          10.0.0.12 gpu-node-2
+        marker: "# {mark} LLM PLATFORM NODES"
+      - path: /etc/fstab
+        absent_regexp: '^([^#\n].*\sswap\s.*)$'
+  become: true
+  register: node_edits
+
+- name: Set vm.max_map_count for the serving engine
+  ansible.builtin.lineinfile:
+    path: /etc/sysctl.d/99-local.conf
+    line: vm.max_map_count = 262144
+    create: true
+    mode: "0644"
+  become: true
+  when: "'/etc/sysctl.d/99-local.conf' in node_edits.differ"
+
+- name: List the nodes in /etc/hosts
+  ansible.builtin.blockinfile:
+    path: /etc/hosts
+    block: |
+      10.0.0.11 gpu-node-1
+      10.0.0.12 gpu-node-2
+    marker: "# {mark} LLM PLATFORM NODES"
+  become: true
+  when: "'/etc/hosts' in node_edits.differ"
+
+- name: Comment out the swap lines of /etc/fstab
+  ansible.builtin.replace:
+    path: /etc/fstab
+    regexp: '^([^#\n].*\sswap\s.*)$'
+    replace: '# \1'
+  become: true
+  when: "'/etc/fstab' in node_edits.differ"
 """
 
 RETURN = r"""
 differ:
-  description: The paths that are not as the role would write them, in the order of O(files).
+  description:
+    - The paths and units that are not as the role wants them, in the order of O(files), then O(edits), then
+      O(units).
   returned: always
   type: list
   elements: str
   sample: ["/etc/containerd/config.toml"]
 reasons:
-  description: For each path in RV(differ), why it differs, in short words.
+  description: For each path or unit in RV(differ), why it differs, in short words.
   returned: always
   type: dict
   sample:
     /etc/containerd/config.toml: ["content differs", "mode 0600, want 0644"]
     /etc/containerd/conf.d: ["missing"]
+    /etc/hosts: ["block content differs"]
 in_place:
-  description: True when every path is as the role would write it (RV(differ) is empty).
+  description: True when every path, edit and unit is as the role wants it (RV(differ) is empty).
   returned: always
   type: bool
   sample: false
 checked:
-  description: The number of entries of O(files) and O(units) checked.
+  description: The number of entries of O(files), O(edits) and O(units) checked.
   returned: always
   type: int
   sample: 2
@@ -213,7 +350,7 @@ import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any
+from typing import Any, Protocol
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.in_place_report import (
@@ -254,10 +391,37 @@ UNIT_SPEC: dict[str, Any] = {
     "active": {"type": "bool"},
 }
 
+# No defaults for the markers here: given with another kind of edit they are refused (BLOCK_DEFAULTS).
+EDIT_SPEC: dict[str, Any] = {
+    "path": {"type": "str", "required": True},
+    "line": {"type": "str"},
+    "block": {"type": "str"},
+    "marker": {"type": "str"},
+    "marker_begin": {"type": "str"},
+    "marker_end": {"type": "str"},
+    "absent_regexp": {"type": "str"},
+    "owner": {"type": "str"},
+    "group": {"type": "str"},
+    "mode": {"type": "raw"},
+}
+
 ARGUMENT_SPEC: dict[str, Any] = {
-    "files": {"type": "list", "elements": "dict", "required": True, "options": ENTRY_SPEC},
+    "files": {"type": "list", "elements": "dict", "default": [], "options": ENTRY_SPEC},
+    "edits": {"type": "list", "elements": "dict", "default": [], "options": EDIT_SPEC},
     "units": {"type": "list", "elements": "dict", "default": [], "options": UNIT_SPEC},
 }
+
+# The kinds of edit, one of which each entry of ``edits`` gives, and the fields only a block takes with
+# blockinfile's defaults for them (ansible/modules/blockinfile.py, argument_spec of main()).
+EDIT_KINDS = ("line", "block", "absent_regexp")
+BLOCK_DEFAULTS = {"marker": "# {mark} ANSIBLE MANAGED BLOCK", "marker_begin": "BEGIN", "marker_end": "END"}
+# The line break lineinfile and blockinfile write (b(os.linesep), to_bytes(os.linesep)): "\n" on the nodes.
+NEWLINE = os.linesep
+# A file's lines as lineinfile reads them (f.readlines() on bytes: broken after each \n only, ends kept) ...
+READLINES = re.compile(r"[^\n]*\n|[^\n]+")
+# ... and as blockinfile does (bytes.splitlines(True): broken after \r\n, \r or \n, ends kept). Not
+# str.splitlines, which also breaks at \v, \f, \x1c-\x1e, \x85, \u2028 and \u2029.
+BYTES_SPLITLINES = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+")
 
 SYSTEMCTL_ENV = {"LC_ALL": "C", "SYSTEMD_PAGER": ""}
 # What systemctl show reports of each unit, in one call for all of them.
@@ -285,6 +449,22 @@ class CannotLook(Exception):
     """A path the module may not stat or read; the message names the path."""
 
 
+class OwnedPath(Protocol):
+    """What the owner, group and mode comparisons read of an entry (a Wanted or a WantedEdit)."""
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def owner(self) -> str | None: ...
+
+    @property
+    def group(self) -> str | None: ...
+
+    @property
+    def mode(self) -> int | None: ...
+
+
 @dataclass(frozen=True)
 class Wanted:
     """One entry of ``files``: what the role writes at ``path``."""
@@ -301,9 +481,9 @@ def field_name(index: int, field: str) -> str:
     return entry_field("files", index, field)
 
 
-def validated_path(index: int, path: str) -> str:
+def validated_path(index: int, path: str, list_name: str = "files") -> str:
     if not os.path.isabs(path):
-        raise EntryError(f"{field_name(index, 'path')}: {path!r} is not an absolute path")
+        raise EntryError(f"{entry_field(list_name, index, 'path')}: {path!r} is not an absolute path")
     return path
 
 
@@ -320,16 +500,17 @@ def validated_checksum(index: int, state: str, checksum: str | None) -> str | No
     return checksum
 
 
-def parsed_mode(index: int, mode: Any) -> int | None:
+def parsed_mode(index: int, mode: Any, list_name: str = "files") -> int | None:
     if mode is None:
         return None
+    name = entry_field(list_name, index, "mode")
     if not isinstance(mode, str):
         raise EntryError(
-            f'{field_name(index, "mode")}: {mode!r} is not a string; quote the mode (mode: "0644"),'
+            f'{name}: {mode!r} is not a string; quote the mode (mode: "0644"),'
             " as YAML reads an unquoted 0644 as the number 420"
         )
     if not OCTAL_MODE.fullmatch(mode):
-        raise EntryError(f'{field_name(index, "mode")}: {mode!r} is not 3 or 4 octal digits, like "0644"')
+        raise EntryError(f'{name}: {mode!r} is not 3 or 4 octal digits, like "0644"')
     return int(mode, 8)
 
 
@@ -352,21 +533,18 @@ def validated_entry(index: int, entry: dict[str, Any]) -> Wanted:
     )
 
 
-def reject_duplicate_paths(wanted: list[Wanted]) -> None:
-    first_index: dict[str, int] = {}
-    for index, entry in enumerate(wanted):
-        key = os.path.normpath(entry.path)
-        if key in first_index:
-            raise EntryError(
-                f"{field_name(first_index[key], 'path')} and {field_name(index, 'path')} both name {key}"
-            )
-        first_index[key] = index
+def reject_duplicate_paths(named_paths: list[tuple[str, str]]) -> None:
+    """NAMED_PATHS: each entry's path field as messages name it (``edits[2].path``) with the path."""
+    first_name: dict[str, str] = {}
+    for name, path in named_paths:
+        key = os.path.normpath(path)
+        if key in first_name:
+            raise EntryError(f"{first_name[key]} and {name} both name {key}")
+        first_name[key] = name
 
 
 def validated_entries(entries: list[dict[str, Any]]) -> list[Wanted]:
-    wanted = [validated_entry(index, entry) for index, entry in enumerate(entries)]
-    reject_duplicate_paths(wanted)
-    return wanted
+    return [validated_entry(index, entry) for index, entry in enumerate(entries)]
 
 
 def kind_of(st_mode: int) -> str:
@@ -392,17 +570,30 @@ def missing_reason(path: str) -> str:
     return "missing (a dangling symlink)" if os.path.islink(path) else "missing"
 
 
+def cannot_read(path: str, exc: OSError) -> CannotLook:
+    hint = f"; {BECOME_HINT}" if isinstance(exc, PermissionError) else ""
+    return CannotLook(f"cannot read {path}: {exc.strerror}{hint}")
+
+
 def sha1_of_file(path: str) -> str:
     digest = hashlib.sha1()
     try:
         with open(path, "rb") as content:
             for chunk in iter(lambda: content.read(CHUNK_SIZE), b""):
                 digest.update(chunk)
-    except PermissionError as exc:
-        raise CannotLook(f"cannot read {path}: {exc.strerror}; {BECOME_HINT}") from exc
     except OSError as exc:
-        raise CannotLook(f"cannot read {path}: {exc.strerror}") from exc
+        raise cannot_read(path, exc) from exc
     return digest.hexdigest()
+
+
+def text_of_file(path: str) -> str:
+    """The file's content as text: UTF-8, any other byte kept as a lone surrogate (surrogateescape, as the
+    builtins' to_text(errors='surrogate_or_strict') does), so text compares as the bytes would."""
+    try:
+        with open(path, "rb") as content:
+            return content.read().decode("utf-8", "surrogateescape")
+    except OSError as exc:
+        raise cannot_read(path, exc) from exc
 
 
 def uid_of(owner: str) -> int | None:
@@ -439,7 +630,7 @@ def group_name(gid: int) -> str:
         return str(gid)
 
 
-def owner_reasons(wanted: Wanted, st: os.stat_result) -> list[str]:
+def owner_reasons(wanted: OwnedPath, st: os.stat_result) -> list[str]:
     if wanted.owner is None:
         return []
     uid = uid_of(wanted.owner)
@@ -450,7 +641,7 @@ def owner_reasons(wanted: Wanted, st: os.stat_result) -> list[str]:
     return []
 
 
-def group_reasons(wanted: Wanted, st: os.stat_result) -> list[str]:
+def group_reasons(wanted: OwnedPath, st: os.stat_result) -> list[str]:
     if wanted.group is None:
         return []
     gid = gid_of(wanted.group)
@@ -461,13 +652,13 @@ def group_reasons(wanted: Wanted, st: os.stat_result) -> list[str]:
     return []
 
 
-def mode_reasons(wanted: Wanted, st: os.stat_result) -> list[str]:
+def mode_reasons(wanted: OwnedPath, st: os.stat_result) -> list[str]:
     if wanted.mode is None or wanted.mode == stat.S_IMODE(st.st_mode):
         return []
     return [f"mode {stat.S_IMODE(st.st_mode):04o}, want {wanted.mode:04o}"]
 
 
-def attribute_reasons(wanted: Wanted, st: os.stat_result) -> list[str]:
+def attribute_reasons(wanted: OwnedPath, st: os.stat_result) -> list[str]:
     return owner_reasons(wanted, st) + group_reasons(wanted, st) + mode_reasons(wanted, st)
 
 
@@ -518,6 +709,236 @@ def entry_reasons(wanted: Wanted) -> list[str]:
 def reasons_by_path(wanted: list[Wanted]) -> dict[str, list[str]]:
     """Each differing path with its reasons, in the order of ``wanted``."""
     return reasons_by_key(wanted, attrgetter("path"), entry_reasons)
+
+
+# ------------------------------------------------------------------ edits: lineinfile, blockinfile, replace
+
+
+@dataclass(frozen=True)
+class PresentLine:
+    """ansible.builtin.lineinfile with ``line``, state=present, and no regexp or search_string."""
+
+    line: str
+
+    def reasons(self, text: str) -> list[str]:
+        # lineinfile.py, present() (ansible-core 2.19): without regexp and search_string, `match` stays None
+        # and the loop of step 3 (lines 362-366) sets index[0] to the LAST line whose
+        # b_cur_line.rstrip(b'\r\n') == b_line, with exact_line_match = True; that skips the insertbefore/
+        # insertafter branch (line 397: `... and not exact_line_match`), so where the line stands does not
+        # count. (But with firstmatch and a regexp insertbefore/insertafter, lines 368-379 break out of that
+        # loop at the first line the regexp matches, before a later copy of the line: not for this check.)
+        # The only change left is lines 432-435: `elif b_lines[index[0]] != b_new_line` rewrites that line
+        # unless it is exactly line + os.linesep (lines 390-393). So a CRLF ending, or the last line of the
+        # file without a line break, is rewritten: it differs here.
+        last = None
+        for physical in READLINES.findall(text):
+            if physical.rstrip("\r\n") == self.line:
+                last = physical
+        if last is None:
+            return ["line missing"]
+        if last == self.line + NEWLINE:
+            return []
+        ending = last[len(self.line) :]
+        if not ending:
+            return ["line present but without a line break (the last line of the file)"]
+        return [f"line present but ends with {ending!r}, not {NEWLINE!r}"]
+
+
+@dataclass(frozen=True)
+class PresentBlock:
+    """ansible.builtin.blockinfile with ``block`` (not empty), state=present, and prepend_newline and
+    append_newline false (their defaults). ``begin``, ``end`` and ``lines``: the marker lines and the block's
+    lines as blockinfile writes them, line breaks included."""
+
+    begin: str
+    end: str
+    lines: tuple[str, ...]
+
+    def marker_reasons(self, begins: list[int], ends: list[int]) -> list[str]:
+        if not begins and not ends:
+            return ["block missing (neither marker found)"]
+        for word, found in (("begin", begins), ("end", ends)):
+            if not found:
+                return [f"{word} marker missing"]
+            if len(found) > 1:
+                return [f"{word} marker found {len(found)} times"]
+        if ends[0] <= begins[0]:
+            return ["end marker before begin marker"]
+        return []
+
+    def reasons(self, text: str) -> list[str]:
+        # blockinfile.py main() (ansible-core 2.19), with both markers found and n0 < n1 (lines 318-323,
+        # 347-348): lines[n0:n1 + 1] are cut and [marker0] + block lines + [marker1] put back at n0 (line
+        # 368), after making sure lines[n0 - 1] ends with os.linesep (lines 354-356); prepend_newline and
+        # append_newline (lines 362-376) are false by default. The result equals the original (line 386,
+        # changed=False) when the cut lines are those lines and the line before ends with a line break. Only
+        # one begin and one end marker are taken as in place (with more, blockinfile takes the last of
+        # each), and the file must end with a line break, to be safe.
+        lines = BYTES_SPLITLINES.findall(text)
+        begins = [number for number, line in enumerate(lines) if line == self.begin]
+        ends = [number for number, line in enumerate(lines) if line == self.end]
+        markers = self.marker_reasons(begins, ends)
+        if markers:
+            return markers
+        begin, end = begins[0], ends[0]
+        if tuple(lines[begin + 1 : end]) != self.lines:
+            return ["block content differs"]
+        if begin > 0 and not lines[begin - 1].endswith(NEWLINE):
+            return [f"the line before the begin marker ends with {lines[begin - 1][-1:]!r}"]
+        if not text.endswith(NEWLINE):
+            return ["no line break at the end of the file"]
+        return []
+
+
+@dataclass(frozen=True)
+class AbsentPattern:
+    """ansible.builtin.replace with ``regexp`` (and no after or before): the regexp must not match."""
+
+    pattern: re.Pattern[str]
+
+    def reasons(self, text: str) -> list[str]:
+        # replace.py main() (ansible-core 2.19): the content is to_text()'d (line 258), searched with
+        # re.compile(regexp, re.MULTILINE) (line 283), and changed only when re.subn made a replacement
+        # (line 289): no match, no change.
+        found = self.pattern.search(text)
+        if found is None:
+            return []
+        line_number = text.count("\n", 0, found.start()) + 1
+        return [f"absent_regexp matches at line {line_number}"]
+
+
+Edit = PresentLine | PresentBlock | AbsentPattern
+
+
+@dataclass(frozen=True)
+class WantedEdit:
+    """One entry of ``edits``: a partial edit of the file at ``path``, and its owner, group and mode."""
+
+    path: str
+    edit: Edit
+    owner: str | None
+    group: str | None
+    mode: int | None
+
+
+def edit_field(index: int, field: str) -> str:
+    return entry_field("edits", index, field)
+
+
+def edit_kind(index: int, entry: dict[str, Any]) -> str:
+    given = [kind for kind in EDIT_KINDS if entry[kind] is not None]
+    if len(given) != 1:
+        got = f" (got {', '.join(given)})" if given else ""
+        raise EntryError(f"{entry_name('edits', index)}: give exactly one of line, block, absent_regexp{got}")
+    return given[0]
+
+
+def reject_markers_without_block(index: int, kind: str, entry: dict[str, Any]) -> None:
+    given = [field for field in BLOCK_DEFAULTS if entry[field] is not None]
+    if kind != "block" and given:
+        raise EntryError(f"{entry_name('edits', index)}: {', '.join(given)} only with block, not with {kind}")
+
+
+def validated_line(index: int, line: str) -> PresentLine:
+    if "\n" in line:
+        raise EntryError(
+            f"{edit_field(index, 'line')}: {line!r} holds a line break; no line of a file can equal it, so"
+            " lineinfile would add it again on every run"
+        )
+    return PresentLine(line)
+
+
+def marker_line(index: int, marker: str, field: str, mark: str) -> str:
+    """A marker line as blockinfile makes it: re.sub(b'{mark}', b(mark), to_bytes(marker)) + os.linesep
+    (blockinfile.py lines 309-310), where b() is six.b, which encodes Latin-1, and re.sub reads backslash
+    escapes in ``mark``."""
+    try:
+        raw_mark = mark.encode("latin-1")
+    except UnicodeEncodeError as exc:
+        raise EntryError(
+            f"{edit_field(index, field)}: {mark!r} is not Latin-1, which blockinfile needs"
+        ) from exc
+    try:
+        line = re.sub(rb"{mark}", raw_mark, marker.encode("utf-8", "surrogateescape"))
+    except re.error as exc:
+        raise EntryError(
+            f"{edit_field(index, field)}: {mark!r}: {exc} (blockinfile puts it in with re.sub)"
+        ) from exc
+    return line.decode("utf-8", "surrogateescape") + NEWLINE
+
+
+def validated_block(index: int, entry: dict[str, Any]) -> PresentBlock:
+    block: str = entry["block"]
+    if not block:
+        raise EntryError(f"{edit_field(index, 'block')}: empty; blockinfile then removes the block")
+    marker, begin, end = (
+        entry[field] if entry[field] is not None else default for field, default in BLOCK_DEFAULTS.items()
+    )
+    if "{mark}" not in marker:
+        raise EntryError(
+            f"{edit_field(index, 'marker')}: {marker!r} holds no {{mark}}, so the begin and end markers are"
+            " one line and blockinfile adds the block again on every run"
+        )
+    # blockinfile.py lines 311-314: a block not ending with os.linesep gets one, then splitlines(True)
+    if not block.endswith(NEWLINE):
+        block += NEWLINE
+    return PresentBlock(
+        begin=marker_line(index, marker, "marker_begin", begin),
+        end=marker_line(index, marker, "marker_end", end),
+        lines=tuple(BYTES_SPLITLINES.findall(block)),
+    )
+
+
+def validated_absent_regexp(index: int, regexp: str) -> AbsentPattern:
+    if not regexp:
+        raise EntryError(f"{edit_field(index, 'absent_regexp')}: empty; it matches every file")
+    try:
+        return AbsentPattern(re.compile(regexp, re.MULTILINE))
+    except re.error as exc:
+        raise EntryError(
+            f"{edit_field(index, 'absent_regexp')}: {regexp!r} is not a regular expression ({exc})"
+        ) from exc
+
+
+def validated_edit(index: int, entry: dict[str, Any]) -> WantedEdit:
+    path = validated_path(index, entry["path"], "edits")
+    kind = edit_kind(index, entry)
+    reject_markers_without_block(index, kind, entry)
+    edit: Edit
+    if kind == "line":
+        edit = validated_line(index, entry["line"])
+    elif kind == "block":
+        edit = validated_block(index, entry)
+    else:
+        edit = validated_absent_regexp(index, entry["absent_regexp"])
+    return WantedEdit(
+        path=path,
+        edit=edit,
+        owner=entry["owner"],
+        group=entry["group"],
+        mode=parsed_mode(index, entry["mode"], "edits"),
+    )
+
+
+def validated_edits(entries: list[dict[str, Any]]) -> list[WantedEdit]:
+    return [validated_edit(index, entry) for index, entry in enumerate(entries)]
+
+
+def edit_reasons(wanted: WantedEdit) -> list[str]:
+    st = stat_following_links(wanted.path)
+    if st is None:
+        return [missing_reason(wanted.path)]
+    if not stat.S_ISREG(st.st_mode):
+        return [f"not a regular file ({kind_of(st.st_mode)})"]
+    return wanted.edit.reasons(text_of_file(wanted.path)) + attribute_reasons(wanted, st)
+
+
+def reasons_by_edited_path(wanted: list[WantedEdit]) -> dict[str, list[str]]:
+    """Each edit not in place under its path, with its reasons, in the order of ``wanted``."""
+    return reasons_by_key(wanted, attrgetter("path"), edit_reasons)
+
+
+# ------------------------------------------------------------------ units
 
 
 @dataclass(frozen=True)
@@ -604,15 +1025,25 @@ def shown_units(module: AnsibleModule, wanted: list[WantedUnit]) -> list[dict[st
     return shown
 
 
+def reject_paths_named_twice(files: list[Wanted], edits: list[WantedEdit]) -> None:
+    reject_duplicate_paths(
+        [(field_name(index, "path"), wanted.path) for index, wanted in enumerate(files)]
+        + [(edit_field(index, "path"), wanted.path) for index, wanted in enumerate(edits)]
+    )
+
+
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     try:
         wanted = validated_entries(module.params["files"])
+        edits = validated_edits(module.params["edits"])
+        reject_paths_named_twice(wanted, edits)
         units = validated_units(module.params["units"])
     except EntryError as exc:
         module.fail_json(msg=str(exc))
     try:
         reasons = reasons_by_path(wanted)
+        reasons.update(reasons_by_edited_path(edits))
         shown = shown_units(module, units)
     except CannotLook as exc:
         module.fail_json(msg=str(exc))
@@ -623,7 +1054,7 @@ def main() -> None:
     exit_with_report(
         module,
         reasons,
-        checked=len(wanted) + len(units),
+        checked=len(wanted) + len(edits) + len(units),
         units={unit.name: properties for unit, properties in zip(units, shown, strict=True)},
     )
 

@@ -1,17 +1,23 @@
 """files_in_place: which managed paths differ (content, kind, owner, group, mode, absence), the entry
-validation that names the entry, permission errors, and check mode."""
+validation that names the entry, permission errors, and check mode; the partial edits (lineinfile,
+blockinfile, replace), with their verdicts held against the real builtin modules; and the units."""
 
 from __future__ import annotations
 
 import grp
 import hashlib
+import itertools
 import json
 import os
 import pwd
 import stat
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
+import ansible.modules.blockinfile as real_blockinfile
+import ansible.modules.lineinfile as real_lineinfile
+import ansible.modules.replace as real_replace
 import files_in_place
 import pytest
 from conftest import run_module
@@ -608,3 +614,525 @@ def test_without_units_systemctl_is_not_called(systemd: Path, config: Path) -> N
     result = checked_ok({"path": str(config), "checksum": sha1(CONTENT)})
     assert "units" in result and result["units"] == {}
     assert systemd.read_text() == ""
+
+
+# --- edits: partial edits of files (lineinfile, blockinfile, replace) --------------------------------------
+
+BEGIN = "# BEGIN ANSIBLE MANAGED BLOCK\n"
+END = "# END ANSIBLE MANAGED BLOCK\n"
+HOSTS_BLOCK = "10.0.0.11 gpu-node-1\n10.0.0.12 gpu-node-2\n"
+
+
+def check_edits(
+    *edits: dict[str, Any], files: list[dict[str, Any]] | None = None
+) -> tuple[bool, dict[str, Any]]:
+    return run_module(files_in_place, {"files": files or [], "edits": list(edits)})
+
+
+def edits_checked(*edits: dict[str, Any], files: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    failed, result = check_edits(*edits, files=files)
+    assert not failed, result["msg"]
+    assert result["changed"] is False
+    return result
+
+
+def edit_reasons(path: Path, text: str | bytes, **edit: Any) -> list[str]:
+    """Why EDIT of a file holding TEXT differs (empty: in place)."""
+    path.write_bytes(text.encode() if isinstance(text, str) else text)
+    result = edits_checked({"path": str(path), **edit})
+    assert result["in_place"] is (not result["reasons"])
+    return result["reasons"].get(str(path), [])
+
+
+def edit_failure(*edits: dict[str, Any], files: list[dict[str, Any]] | None = None) -> str:
+    failed, result = check_edits(*edits, files=files)
+    assert failed, result
+    return str(result["msg"])
+
+
+@pytest.fixture
+def edited(tmp_path: Path) -> Path:
+    return tmp_path / "edited.conf"
+
+
+def test_only_edits_need_be_given(edited: Path) -> None:
+    edited.write_text("vm.max_map_count = 262144\n")
+    failed, result = run_module(
+        files_in_place, {"edits": [{"path": str(edited), "line": "vm.max_map_count = 262144"}]}
+    )
+    assert not failed, result
+    assert (result["in_place"], result["differ"], result["checked"]) == (True, [], 1)
+
+
+# ------------------------------------------------------------------ line (lineinfile)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a = 1\nvm.max_map_count = 262144\nb = 2\n",
+        "vm.max_map_count = 262144\n",
+        # anywhere in the file: lineinfile's insertbefore/insertafter do not count once the line is there
+        "vm.max_map_count = 262144\na = 1\n",
+        # an earlier copy with a CRLF ending does not count: lineinfile looks at the last one
+        "vm.max_map_count = 262144\r\nvm.max_map_count = 262144\n",
+        b"\xff\xfe not UTF-8\nvm.max_map_count = 262144\n",
+    ],
+)
+def test_a_line_that_is_there_is_in_place(edited: Path, text: str | bytes) -> None:
+    assert edit_reasons(edited, text, line="vm.max_map_count = 262144") == []
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("a = 1\n", "line missing"),
+        ("", "line missing"),
+        ("vm.max_map_count = 262144 \n", "line missing"),
+        ("# vm.max_map_count = 262144\n", "line missing"),
+        # lineinfile rewrites the line as line + os.linesep
+        ("a = 1\r\nvm.max_map_count = 262144\r\nb = 2\r\n", "line present but ends with '\\r\\n', not '\\n'"),
+        (
+            "vm.max_map_count = 262144\nvm.max_map_count = 262144\r\n",
+            "line present but ends with '\\r\\n', not '\\n'",
+        ),
+        (
+            "a = 1\nvm.max_map_count = 262144",
+            "line present but without a line break (the last line of the file)",
+        ),
+    ],
+)
+def test_a_line_that_is_not_there_as_lineinfile_writes_it_differs(
+    edited: Path, text: str, reason: str
+) -> None:
+    assert edit_reasons(edited, text, line="vm.max_map_count = 262144") == [reason]
+
+
+def test_an_empty_line_is_a_line(edited: Path) -> None:
+    assert edit_reasons(edited, "a\n\nb\n", line="") == []
+    assert edit_reasons(edited, "a\nb\n", line="") == ["line missing"]
+
+
+def test_a_line_with_a_line_break_is_refused(edited: Path) -> None:
+    msg = edit_failure({"path": str(edited), "line": "a = 1\n"})
+    assert msg.startswith("edits[0].line: 'a = 1\\n' holds a line break")
+
+
+# ------------------------------------------------------------------ block (blockinfile)
+
+
+@pytest.mark.parametrize(
+    ("text", "edit"),
+    [
+        (BEGIN + HOSTS_BLOCK + END, {}),
+        ("127.0.0.1 localhost\n" + BEGIN + HOSTS_BLOCK + END + "::1 localhost\n", {}),
+        # blockinfile adds the missing line break to the block
+        (BEGIN + HOSTS_BLOCK + END, {"block": HOSTS_BLOCK.rstrip("\n")}),
+        # the line before the block may end with CRLF: it ends with \n
+        ("a\r\n" + BEGIN + HOSTS_BLOCK + END, {}),
+        ("a\n<!-- OPEN nodes -->\n" + HOSTS_BLOCK + "<!-- CLOSE nodes -->\nb\n",
+         {"marker": "<!-- {mark} nodes -->", "marker_begin": "OPEN", "marker_end": "CLOSE"}),
+        # a form feed breaks a str into lines, not bytes: blockinfile keeps it inside the line
+        (BEGIN + "a\x0cb\n" + END, {"block": "a\x0cb"}),
+        (b"\xff\n" + (BEGIN + HOSTS_BLOCK + END).encode(), {}),
+    ],
+)  # fmt: skip
+def test_a_block_as_blockinfile_writes_it_is_in_place(
+    edited: Path, text: str | bytes, edit: dict[str, Any]
+) -> None:
+    assert edit_reasons(edited, text, **{"block": HOSTS_BLOCK, **edit}) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("127.0.0.1 localhost\n", "block missing (neither marker found)"),
+        ("", "block missing (neither marker found)"),
+        (BEGIN + "10.0.0.11 gpu-node-1\n" + END, "block content differs"),
+        (BEGIN + HOSTS_BLOCK + "10.0.0.13 gpu-node-3\n" + END, "block content differs"),
+        (BEGIN + HOSTS_BLOCK.replace("\n", "\r\n") + END, "block content differs"),
+        (BEGIN + HOSTS_BLOCK + END + BEGIN + HOSTS_BLOCK + END, "begin marker found 2 times"),
+        (BEGIN + HOSTS_BLOCK + END + END, "end marker found 2 times"),
+        (BEGIN + HOSTS_BLOCK, "end marker missing"),
+        (HOSTS_BLOCK + END, "begin marker missing"),
+        (END + HOSTS_BLOCK + BEGIN, "end marker before begin marker"),
+        # the markers are whole lines, line break included
+        (BEGIN + HOSTS_BLOCK + END.rstrip("\n"), "end marker missing"),
+        (BEGIN.replace("\n", "\r\n") + HOSTS_BLOCK + END, "begin marker missing"),
+        ("  " + BEGIN + HOSTS_BLOCK + END, "begin marker missing"),
+        (BEGIN + HOSTS_BLOCK + END + "# last line", "no line break at the end of the file"),
+        # blockinfile puts a \n after the line before the block
+        ("a\r" + BEGIN + HOSTS_BLOCK + END, "the line before the begin marker ends with '\\r'"),
+    ],
+)
+def test_a_block_not_as_blockinfile_writes_it_differs(edited: Path, text: str, reason: str) -> None:
+    assert edit_reasons(edited, text, block=HOSTS_BLOCK) == [reason]
+
+
+def test_the_markers_are_the_tasks(edited: Path) -> None:
+    text = "# BEGIN nodes\n" + HOSTS_BLOCK + "# END nodes\n"
+    assert edit_reasons(edited, text, block=HOSTS_BLOCK, marker="# {mark} nodes") == []
+    assert edit_reasons(edited, text, block=HOSTS_BLOCK) == ["block missing (neither marker found)"]
+    assert edit_reasons(edited, text, block=HOSTS_BLOCK, marker="# {mark} nodes", marker_end="STOP") == [
+        "end marker missing"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        ({"block": ""}, "edits[0].block: empty; blockinfile then removes the block"),
+        ({"block": "x", "marker": "# managed"}, "edits[0].marker: '# managed' holds no {mark}"),
+        ({"line": "x", "marker": "# {mark}"}, "edits[0]: marker only with block, not with line"),
+        ({"absent_regexp": "x", "marker_begin": "A", "marker_end": "B"},
+         "edits[0]: marker_begin, marker_end only with block, not with absent_regexp"),
+        ({"block": "x", "marker_begin": "\u263a"}, "edits[0].marker_begin: '\u263a' is not Latin-1"),
+        ({"block": "x", "marker_end": "\\d"}, "edits[0].marker_end: '\\\\d': bad escape"),
+    ],
+)  # fmt: skip
+def test_a_block_entry_it_cannot_check_is_refused_naming_the_field(
+    edited: Path, edit: dict[str, Any], says: str
+) -> None:
+    assert edit_failure({"path": str(edited), **edit}).startswith(says)
+
+
+# ------------------------------------------------------------------ absent_regexp (replace)
+
+
+def test_an_absent_regexp_that_matches_nowhere_is_in_place(edited: Path) -> None:
+    fstab = "UUID=1 / ext4 defaults 0 1\n# /swap.img none swap sw 0 0\n"
+    assert edit_reasons(edited, fstab, absent_regexp=r"^([^#\n].*\sswap\s.*)$") == []
+    assert edit_reasons(edited, b"\xff\xfe\n", absent_regexp="swap") == []
+
+
+def test_an_absent_regexp_matching_a_middle_line_differs_naming_it(edited: Path) -> None:
+    # ^ and $ at every line, as replace searches (re.MULTILINE); without it neither would match here
+    fstab = "UUID=1 / ext4 defaults 0 1\n/swap.img none swap sw 0 0\nUUID=2 /data ext4 defaults 0 2\n"
+    assert edit_reasons(edited, fstab, absent_regexp=r"^([^#\n].*\sswap\s.*)$") == [
+        "absent_regexp matches at line 2"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("regexp", "says"),
+    [
+        ("(swap", "edits[0].absent_regexp: '(swap' is not a regular expression (missing ), unterminated"),
+        ("", "edits[0].absent_regexp: empty; it matches every file"),
+    ],
+)
+def test_an_absent_regexp_it_cannot_use_is_refused(edited: Path, regexp: str, says: str) -> None:
+    msg = edit_failure(
+        {"path": str(edited), "line": "x"},
+        {"path": "/etc/fstab", "absent_regexp": "x"},
+        {"path": str(edited) + ".3", "absent_regexp": regexp},
+    )
+    assert msg.startswith(says.replace("[0]", "[2]"))
+
+
+# ------------------------------------------------------------------ what every kind shares
+
+
+EVERY_KIND = [{"line": "a = 1"}, {"block": "a = 1"}, {"absent_regexp": "^b"}]
+
+
+@pytest.mark.parametrize("edit", EVERY_KIND)
+def test_an_edit_of_a_missing_file_differs(edited: Path, edit: dict[str, Any]) -> None:
+    result = edits_checked({"path": str(edited), **edit})
+    assert (result["in_place"], result["differ"], result["reasons"]) == (
+        False,
+        [str(edited)],
+        {str(edited): ["missing"]},
+    )
+
+
+@pytest.mark.parametrize("edit", EVERY_KIND)
+def test_an_edit_of_a_directory_or_a_dangling_link_differs(tmp_path: Path, edit: dict[str, Any]) -> None:
+    directory, link = tmp_path / "conf.d", tmp_path / "link.conf"
+    directory.mkdir()
+    link.symlink_to(tmp_path / "nowhere")
+    result = edits_checked({"path": str(directory), **edit}, {"path": str(link), **edit})
+    assert result["reasons"] == {
+        str(directory): ["not a regular file (a directory)"],
+        str(link): ["missing (a dangling symlink)"],
+    }
+
+
+@pytest.mark.parametrize("edit", EVERY_KIND)
+def test_an_edit_in_place_with_its_owner_group_and_mode_is_in_place(
+    edited: Path, edit: dict[str, Any]
+) -> None:
+    write(edited, (BEGIN + "a = 1\n" + END).encode(), mode=0o640)
+    result = edits_checked(
+        {"path": str(edited), **edit, "owner": my_user(), "group": str(os.getgid()), "mode": "0640"}
+    )
+    assert result["in_place"] is True, result["reasons"]
+
+
+def test_an_edit_with_another_owner_or_mode_differs_after_its_content(edited: Path) -> None:
+    write(edited, b"b = 2\n", mode=0o600)
+    other_uid = os.getuid() + 4242
+    result = edits_checked(
+        {"path": str(edited), "line": "a = 1", "owner": str(other_uid), "group": NO_SUCH_NAME, "mode": "0644"}
+    )
+    assert result["reasons"] == {
+        str(edited): [
+            "line missing",
+            f"owner {my_user()}, want {other_uid}",
+            f"group {NO_SUCH_NAME!r} does not exist",
+            "mode 0600, want 0644",
+        ]
+    }
+
+
+def test_a_symlink_to_an_edited_file_is_followed(edited: Path, tmp_path: Path) -> None:
+    edited.write_text("a = 1\n")
+    link = tmp_path / "link.conf"
+    link.symlink_to(edited)
+    assert edits_checked({"path": str(link), "line": "a = 1"})["in_place"] is True
+
+
+def test_files_edits_and_units_are_reported_together_in_that_order(
+    systemd: Path, monkeypatch: pytest.MonkeyPatch, config: Path, edited: Path
+) -> None:
+    units(monkeypatch, **{"x.service": {**RUNNING_ENABLED, "ActiveState": "inactive"}})
+    edited.write_text("a = 1\n")
+    failed, result = run_module(
+        files_in_place,
+        {
+            "units": [{"name": "x.service", "active": True}],
+            "edits": [
+                {"path": str(edited), "line": "b = 2"},
+                {"path": str(config) + ".in-place", "absent_regexp": "x"},
+            ],
+            "files": [{"path": str(config), "checksum": sha1(b"other")}],
+        },
+    )
+    assert not failed, result
+    assert result["differ"] == [str(config), str(edited), str(config) + ".in-place", "x.service"]
+    assert result["checked"] == 4
+
+
+@pytest.mark.parametrize(
+    ("edits", "files", "says"),
+    [
+        ([{}], [], "edits[0]: give exactly one of line, block, absent_regexp"),
+        ([{"line": "a"}, {"line": "a", "block": "a"}], [],
+         "edits[1]: give exactly one of line, block, absent_regexp (got line, block)"),
+        ([{"line": "a", "block": "a", "absent_regexp": "a"}], [],
+         "edits[0]: give exactly one of line, block, absent_regexp (got line, block, absent_regexp)"),
+        ([{"line": "a", "path": "etc/hosts"}], [], "edits[0].path: 'etc/hosts' is not an absolute path"),
+        ([{"line": "a", "mode": 420}], [], "edits[0].mode: 420 is not a string; quote the mode"),
+        ([{"line": "a", "mode": "u=rw"}], [], "edits[0].mode: 'u=rw' is not 3 or 4 octal digits"),
+        ([{"line": "a"}, {"line": "b", "path": "{path}/"}], [],
+         "edits[0].path and edits[1].path both name {path}"),
+        ([{"line": "a", "path": "{parent}/./edited.conf"}], [{"path": "{parent}/other"}, {"path": "{path}"}],
+         "files[1].path and edits[0].path both name {path}"),
+    ],
+)  # fmt: skip
+def test_an_edit_entry_it_cannot_check_is_refused_naming_it(
+    edited: Path, edits: list[dict[str, Any]], files: list[dict[str, Any]], says: str
+) -> None:
+    def filled(entry: dict[str, Any]) -> dict[str, Any]:
+        path = entry.get("path", "{path}")
+        return {**entry, "path": path.format(path=edited, parent=edited.parent)}
+
+    msg = edit_failure(*map(filled, edits), files=list(map(filled, files)))
+    assert msg.startswith(says.format(path=edited)), msg
+
+
+def test_a_bad_edit_fails_before_any_file_is_read(edited: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_reading(path: str) -> str:
+        raise AssertionError(f"read {path} before validating every entry")
+
+    monkeypatch.setattr(files_in_place, "text_of_file", no_reading)
+    edited.write_text("a\n")
+    msg = edit_failure({"path": str(edited), "line": "a"}, {"path": str(edited) + ".2", "absent_regexp": "("})
+    assert msg.startswith("edits[1].absent_regexp: ")
+
+
+@pytest.mark.parametrize("edit", EVERY_KIND)
+def test_an_edited_file_it_may_not_read_fails_naming_it_and_become(
+    edited: Path, monkeypatch: pytest.MonkeyPatch, edit: dict[str, Any]
+) -> None:
+    edited.write_text("a = 1\n")
+    real_open = open
+
+    def open_denied(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if str(path) == str(edited):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(files_in_place, "open", open_denied, raising=False)
+    msg = edit_failure({"path": str(edited), **edit})
+    assert msg == f"cannot read {edited}: Permission denied; run the task with become: true"
+
+
+def test_edits_change_nothing_in_check_mode_either(edited: Path) -> None:
+    write(edited, b"b = 2\r\n", mode=0o600)
+    entries = [{"path": str(edited), "line": "b = 2", "mode": "0644"}]
+    normal = edits_checked(*entries)
+    failed, in_check_mode = run_module(files_in_place, {"edits": entries}, check_mode=True)
+    assert not failed
+    keys = ("changed", "differ", "reasons", "in_place", "checked")
+    assert {key: in_check_mode[key] for key in keys} == {key: normal[key] for key in keys}
+    assert edited.read_bytes() == b"b = 2\r\n" and stat.S_IMODE(edited.stat().st_mode) == 0o600
+
+
+# ------------------------------------------------------------------ the verdicts against the real builtins
+
+
+def real_task_changes(module: ModuleType, path: Path, args: dict[str, Any]) -> bool:
+    """Whether the real builtin module, run in check mode on PATH with ARGS, would change it (a failure, as
+    for a missing file without create, counts: the task does not leave it as it is)."""
+    before = path.read_bytes() if path.exists() else None
+    failed, result = run_module(module, {"path": str(path), **args}, check_mode=True)
+    assert (path.read_bytes() if path.exists() else None) == before, "check mode changed the file"
+    return failed or bool(result["changed"])
+
+
+def in_place(path: Path, edit: dict[str, Any]) -> bool:
+    return bool(edits_checked({"path": str(path), **edit})["in_place"])
+
+
+def files_of(fragments: tuple[str, ...], most: int) -> list[str]:
+    """Every file of up to MOST of FRAGMENTS, in every order."""
+    return [
+        "".join(chosen) for count in range(most + 1) for chosen in itertools.product(fragments, repeat=count)
+    ]
+
+
+LINE = "vm.max_map_count = 262144"
+LINE_FRAGMENTS = (f"{LINE}\n", f"{LINE}\r\n", LINE, f"{LINE}\r", "a = 1\n", f"{LINE} \n", "\n")
+
+
+@pytest.mark.parametrize(
+    "task",
+    [{}, {"insertbefore": "BOF"}, {"insertafter": "^a = "}, {"insertbefore": "^a = "}, {"firstmatch": True},
+     {"create": True}, {"mode": "0644"}],
+)  # fmt: skip
+def test_a_line_is_in_place_exactly_when_lineinfile_changes_nothing(
+    edited: Path, task: dict[str, Any]
+) -> None:
+    checked = 0
+    for text in [None, *files_of(LINE_FRAGMENTS, 3)]:
+        if text is None:
+            edited.unlink(missing_ok=True)
+        else:
+            write(edited, text.encode(), mode=0o644)
+        edit = {"line": LINE, **({"mode": task["mode"]} if "mode" in task else {})}
+        verdict = in_place(edited, edit)
+        assert verdict is not real_task_changes(real_lineinfile, edited, {"line": LINE, **task}), repr(text)
+        checked += 1
+    assert checked == 1 + 1 + 7 + 7**2 + 7**3
+
+
+def test_a_line_is_not_for_a_task_with_firstmatch_and_an_insertion_regexp(edited: Path) -> None:
+    """lineinfile with firstmatch stops looking for the line at the first line insertbefore/insertafter
+    matches: a copy of the line further down does not stop it adding another (hence the documented
+    exclusion)."""
+    edited.write_text(f"a = 1\nb = 2\n{LINE}\n")
+    assert in_place(edited, {"line": LINE}) is True
+    for task in ({"insertbefore": "^a = ", "firstmatch": True}, {"insertafter": "^a = ", "firstmatch": True}):
+        assert real_task_changes(real_lineinfile, edited, {"line": LINE, **task}) is True
+        assert (
+            real_task_changes(real_lineinfile, edited, {"line": LINE, **task, "firstmatch": False}) is False
+        )
+
+
+def test_a_line_with_another_mode_differs_as_lineinfile_changes_it(edited: Path) -> None:
+    write(edited, f"{LINE}\n".encode(), mode=0o600)
+    assert in_place(edited, {"line": LINE, "mode": "0644"}) is False
+    assert real_task_changes(real_lineinfile, edited, {"line": LINE, "mode": "0644"}) is True
+    assert in_place(edited, {"line": LINE, "mode": "0600"}) is True
+    assert real_task_changes(real_lineinfile, edited, {"line": LINE, "mode": "0600"}) is False
+
+
+BLOCK_FRAGMENTS = (BEGIN, END, "x\n", "y\n", "x\r\n", "\r", END.rstrip("\n"))
+
+
+def blockinfile_may_leave_it(text: str) -> bool:
+    """The files where blockinfile may change nothing though files_in_place, to be safe, says it differs: a
+    marker line found more than once (blockinfile takes the last of each), or no line break at the end (the
+    lines after the end marker are blockinfile's to leave as they are)."""
+    lines = text.splitlines(keepends=True)
+    return lines.count(BEGIN) > 1 or lines.count(END) > 1 or not text.endswith("\n")
+
+
+@pytest.mark.parametrize(
+    ("task", "in_place_files"),
+    [
+        # the block alone, or with one of x, y, x CRLF before or after it
+        ({"block": "x"}, 7),
+        ({"block": "x\ny", "insertbefore": "BOF", "create": True}, 1),
+    ],
+)
+def test_a_block_is_in_place_only_when_blockinfile_changes_nothing(
+    edited: Path, task: dict[str, Any], in_place_files: int
+) -> None:
+    """Every file of up to four pieces, and none: where files_in_place says in place, blockinfile changes
+    nothing; where it says the block differs, blockinfile changes the file, but in the cases
+    blockinfile_may_leave_it."""
+    verdicts = {True: 0, False: 0}
+    for text in [None, *files_of(BLOCK_FRAGMENTS, 4)]:
+        if text is None:
+            edited.unlink(missing_ok=True)
+        else:
+            edited.write_bytes(text.encode())
+        verdict = in_place(edited, {"block": task["block"]})
+        changes = real_task_changes(real_blockinfile, edited, task)
+        if verdict:
+            assert not changes, repr(text)
+        elif not changes:
+            assert text is not None and blockinfile_may_leave_it(text), repr(text)
+        verdicts[verdict] += 1
+    assert verdicts == {True: in_place_files, False: 1 + 1 + 7 + 7**2 + 7**3 + 7**4 - in_place_files}
+
+
+@pytest.mark.parametrize(
+    ("text", "task", "verdict"),
+    [
+        (BEGIN + "x\n" + END, {"marker": "# {mark}"}, False),
+        ("# BEGIN\nx\n# END\n", {"marker": "# {mark}"}, True),
+        ("<!-- \xc9 -->\nx\n<!-- END -->\n", {"marker": "<!-- {mark} -->", "marker_begin": "\xc9"}, False),
+        # blockinfile puts marker_begin in Latin-1, not UTF-8
+        ("<!-- \xc9 -->\nx\n<!-- END -->\n".encode("latin-1"),
+         {"marker": "<!-- {mark} -->", "marker_begin": "\xc9"}, True),
+        (BEGIN + "x\n" + END, {"marker_begin": "\\g<0>"}, False),
+        (BEGIN + "x\n" + END, {"marker_end": "BEGIN"}, False),
+    ],
+)  # fmt: skip
+def test_markers_are_made_as_blockinfile_makes_them(
+    edited: Path, text: str | bytes, task: dict[str, Any], verdict: bool
+) -> None:
+    edited.write_bytes(text.encode() if isinstance(text, str) else text)
+    args = {"block": "x", **task}
+    assert in_place(edited, args) is verdict
+    assert real_task_changes(real_blockinfile, edited, args) is not verdict
+
+
+def test_the_cases_where_blockinfile_may_change_nothing_though_the_block_differs_here(edited: Path) -> None:
+    for text in [BEGIN + "x\n" + END + BEGIN + "x\n" + END, BEGIN + "x\n" + END + "last line"]:
+        edited.write_text(text)
+        assert in_place(edited, {"block": "x"}) is False
+        assert real_task_changes(real_blockinfile, edited, {"block": "x"}) is False
+
+
+REPLACE_FRAGMENTS = ("swap\n", "/swap.img none swap sw 0 0\n", "# /swap.img none swap\n", "a\r\n", "b")
+
+
+@pytest.mark.parametrize(
+    ("regexp", "replace"),
+    [(r"^([^#\n].*\sswap\s.*)$", r"# \1"), (r"^/swap", "#/swap"), (r"swap$", "noswap"), (r"\r$", "")],
+)
+def test_an_absent_regexp_is_in_place_exactly_when_replace_changes_nothing(
+    edited: Path, regexp: str, replace: str
+) -> None:
+    for text in files_of(REPLACE_FRAGMENTS, 3):
+        edited.write_text(text, newline="")
+        verdict = in_place(edited, {"absent_regexp": regexp})
+        assert verdict is not real_task_changes(
+            real_replace, edited, {"regexp": regexp, "replace": replace}
+        ), repr(text)
+    edited.unlink()
+    assert in_place(edited, {"absent_regexp": regexp}) is False
+    assert real_task_changes(real_replace, edited, {"regexp": regexp, "replace": replace}) is True
