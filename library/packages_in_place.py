@@ -6,7 +6,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: packages_in_place
-short_description: Tell which of a role's Debian package wants are not met
+short_description: Tell which of a role's Debian and Python package wants are not met
 description:
   - In one module call, reads what dpkg knows of every package (one C(dpkg-query -W) run) and compares it
     with each want in O(packages) that the role's M(ansible.builtin.apt) and
@@ -20,6 +20,10 @@ description:
   - "Caveat: the role must list every package want its tasks enforce. The package tasks are skipped when
     RV(differ) is empty, so drift in a package left out of O(packages) goes unseen and is never put
     right."
+  - "In the same call, reads whether the virtualenvs of O(python_packages) hold the pinned Python
+    distributions the role's M(ansible.builtin.pip) tasks install (from the files in the venvs, without
+    running their Python or pip), and with O(apt_cache=true) returns the age of apt's package lists
+    (RV(apt_lists_age)), so that the role's pip tasks and its apt cache refresh can be skipped too."
   - Never changes anything; C(changed) is always false, and it runs the same in check mode.
   - "All architectures count: a package dpkg has for several architectures (multi-arch) is checked in
     each installed instance. A package in a state between installed and not (C(half-configured),
@@ -32,9 +36,11 @@ options:
     description:
       - The role's package wants, one entry each.
       - A name may be listed once only (RV(reasons) is keyed by name).
+      - May be left out (or empty) when the call is for O(python_packages) or O(apt_cache) only; then
+        C(dpkg-query) does not run.
     type: list
     elements: dict
-    required: true
+    default: []
     suboptions:
       name:
         description:
@@ -77,6 +83,78 @@ options:
           - When left out, holds are not compared.
           - Only with O(packages[].state=present).
         type: bool
+  python_packages:
+    description:
+      - The role's virtualenvs and the pinned distributions its M(ansible.builtin.pip) tasks install into
+        each, one entry per virtualenv.
+      - "Meant for a pip task with O(ansible.builtin.pip#module:virtualenv) set to O(python_packages[].venv)
+        and O(ansible.builtin.pip#module:name) set to O(python_packages[].requirements), in its default
+        O(ansible.builtin.pip#module:state=present), with no O(ansible.builtin.pip#module:extra_args),
+        O(ansible.builtin.pip#module:requirements) file or O(ansible.builtin.pip#module:editable): run it
+        only C(when) the venv path is in RV(differ)."
+      - "An entry is in place when the virtualenv is there as the pip module finds one (C(bin/activate),
+        which it looks for before it makes a virtualenv, C(bin/python) (links followed), and an
+        executable C(bin/pip3) or C(bin/pip)), each requirement's distribution is installed in it once,
+        at exactly that version, and so is each dependency they need (below), at any version."
+      - "The distributions are read from C(lib/python3.N/site-packages) of the venv (N the version
+        C(bin/python) resolves to, when its file name tells; otherwise the one C(lib/python3*/site-packages)
+        there): each C(*.dist-info) (C(METADATA)) and C(*.egg-info) (C(PKG-INFO), or the file itself).
+        Names are compared as PEP 503 normalises them (V(Nvidia_ML.py) is V(nvidia-ml-py))."
+      - "Conservative: a version is compared as a string. One that pip counts equal but spelled
+        differently (V(1.0) installed for V(1.0.0)) differs, and so does a distribution whose directory name
+        and metadata disagree, one found twice (a broken venv), or one whose metadata cannot be read; then
+        the pip task runs and decides. Distributions pip finds elsewhere (system site-packages, C(.pth)
+        paths) are not read: they differ too."
+      - "The dependencies are read as pip installs them: those of the requirements, theirs in turn, and so
+        on (each distribution once). Each must be installed in the venv as a requirement must (once, with
+        metadata that can be read and agrees with its directory name), but at any version: their version
+        specifiers (V(urllib3>=1.24.2)) are not compared. A dependency removed from the venv by hand
+        differs (the pip task puts it back)."
+      - "A distribution's dependencies are its metadata's C(Requires-Dist) headers; for an C(.egg-info)
+        whose metadata has none, the lines of its C(requires.txt) before its first C([section]) header
+        (the lines under one are an extra's, or hold under a marker: they are not read). A dependency's name
+        is the PEP 508 name it starts with; one that starts with none, or a C(requires.txt) that cannot be
+        read, differs."
+      - "Caveat: the conditional dependencies are not checked, and are the gap that is left. A
+        C(Requires-Dist) whose marker (after C(;)) tests only C(extra) (V(extra == 'socks')) is skipped, as
+        the roles install no extras (nor are the extras a dependency asks for, as in V(requests[socks]),
+        followed); one with any other marker (C(python_version), C(platform_system), C(sys_platform), ...)
+        is not checked either, as evaluating markers would need C(packaging), which the node's Python may
+        lack. Such a dependency removed from the venv by hand is not seen, and the skipped pip task does
+        not put it back; nor is a dependency at a version its dependent does not accept."
+      - Each entry's reasons appear in RV(differ) and RV(reasons) under its O(python_packages[].venv), as
+        given, after those of O(packages); RV(in_place) covers both lists.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      venv:
+        description:
+          - The absolute path of the virtualenv, exactly as the pip task's
+            O(ansible.builtin.pip#module:virtualenv) gets it; it is the key of the entry in RV(differ) and
+            RV(reasons). A relative path is refused.
+        type: str
+        required: true
+      requirements:
+        description:
+          - "The distributions the pip task installs, each V(name==version): a PEP 508 name, C(==), and a
+            PEP 440 version in its normal form (V(kubernetes==32.0.1), V(torch==2.1.0+cu121)). Extras,
+            markers, other operators, several specifiers and URLs are refused, as is an empty list."
+        type: list
+        elements: str
+        required: true
+  apt_cache:
+    description:
+      - Whether to return RV(apt_lists_age), the age of apt's package lists as
+        M(ansible.builtin.apt)'s O(ansible.builtin.apt#module:cache_valid_time) measures it.
+      - "To skip a task C(ansible.builtin.apt: {update_cache: true, cache_valid_time: N}) when it would
+        not update the cache, run it only
+        C(when: result.apt_lists_age is none or result.apt_lists_age > N - 60)."
+      - "The margin of 60 seconds covers the time from this read to the apt task: with it the gate runs the
+        task whenever apt would update the lists, as long as the apt task starts within a minute of this
+        one. Do not gate on C(> N): a cache a few seconds short of N here is older than N there."
+    type: bool
+    default: false
   dpkg_query:
     description:
       - The C(dpkg-query) program to run, by name (looked up in C(PATH)) or path.
@@ -90,7 +168,8 @@ attributes:
 extends_documentation_fragment:
   - llm_platform
 notes:
-  - Needs no root; C(dpkg-query) reads dpkg's database as any user.
+  - Needs no root; C(dpkg-query) reads dpkg's database as any user, and the venvs and apt's lists are read
+    by their file names, modes and times (and the venvs' metadata files).
   - "A C(dpkg-query) that exits non-zero without listing anything, lists no package at all, or prints a line
     the module cannot read fails the task. One that exits non-zero but lists packages is read, with a
     warning."
@@ -98,6 +177,7 @@ seealso:
   - module: ansible.builtin.apt
   - module: ansible.builtin.dpkg_selections
   - module: ansible.builtin.package_facts
+  - module: ansible.builtin.pip
 """
 
 EXAMPLES = r"""
@@ -117,15 +197,40 @@ EXAMPLES = r"""
   ansible.builtin.debug:
     var: driver_packages.reasons
   when: not driver_packages.in_place
+
+- name: Read whether the client's venv is as the role wants it, and the age of apt's lists
+  packages_in_place:
+    python_packages:
+      - venv: /opt/kubernetes-client
+        requirements: ["kubernetes==32.0.1"]
+    apt_cache: true
+  register: client_found
+
+# apt updates the lists when they are older than cache_valid_time; the gate runs the task from a minute
+# before that (the time between the read and this task)
+- name: Refresh apt's lists when they are older than an hour
+  ansible.builtin.apt:
+    update_cache: true
+    cache_valid_time: 3600
+  when: client_found.apt_lists_age is none or client_found.apt_lists_age > 3600 - 60
+
+- name: Install the kubernetes client into its venv
+  ansible.builtin.pip:
+    name: ["kubernetes==32.0.1"]
+    virtualenv: /opt/kubernetes-client
+    virtualenv_command: python3 -m venv
+  when: "'/opt/kubernetes-client' in client_found.differ"
 """
 
 RETURN = r"""
 differ:
-  description: The names of the entries of O(packages) whose wants are not met, as given, in their order.
+  description:
+    - The names of the entries of O(packages) whose wants are not met, as given, in their order; then the
+      O(python_packages[].venv) of each entry of O(python_packages) not in place, as given, in their order.
   returned: always
   type: list
   elements: str
-  sample: ["nvidia-headless-535", "^nvidia-driver-[0-9]+$"]
+  sample: ["nvidia-headless-535", "^nvidia-driver-[0-9]+$", "/opt/kubernetes-client"]
 reasons:
   description:
     - For each name in RV(differ), why it differs, in short words.
@@ -137,26 +242,43 @@ reasons:
     nvidia-headless-535: ["version 535.161.08-0ubuntu1, want 535.183.06-*", "not held"]
     ^nvidia-driver-[0-9]+$: ["nvidia-driver-535 installed (535.161.08-0ubuntu1), want absent"]
     xserver-xorg-video-nouveau: ["config files left, want purged"]
+    /opt/kubernetes-client: ["kubernetes 31.0.0 installed, want 32.0.1"]
 in_place:
   description: True when every want is met (RV(differ) is empty).
   returned: always
   type: bool
   sample: false
 checked:
-  description: The number of entries of O(packages) checked.
+  description: The number of entries of O(packages) and O(python_packages) checked.
   returned: always
   type: int
-  sample: 3
+  sample: 4
+apt_lists_age:
+  description:
+    - The age in whole seconds, on the target's clock, of apt's package lists as
+      M(ansible.builtin.apt)'s O(ansible.builtin.apt#module:cache_valid_time) measures it (the time of
+      C(/var/lib/apt/periodic/update-success-stamp), else of the directory C(/var/lib/apt/lists)); negative
+      when that time is in the future.
+    - V(null) when neither is there (apt counts the lists as never updated).
+    - See O(apt_cache) for the gate of an apt cache refresh task.
+  returned: when O(apt_cache=true)
+  type: int
+  sample: 5321
 """
 
+import datetime
 import fnmatch
+import glob
+import math
+import os
 import re
+from collections import deque
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
 
-from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.in_place_report import EntryError, entry_field, reasons_by_key, run_report
+from ansible.module_utils.basic import AnsibleModule, is_executable
+from ansible.module_utils.in_place_report import EntryError, entry_field, exit_with_report, reasons_by_key
 
 # dpkg-query expands \t and \n itself: the backslashes go to it as they are.
 QUERY_FORMAT = r"${Package}\t${Architecture}\t${Version}\t${Status}\n"
@@ -178,14 +300,45 @@ ENTRY_SPEC: dict[str, Any] = {
     "held": {"type": "bool"},
 }
 
+# A requirement as the role's pip task passes it: a PEP 508 name, "==", and a PEP 440 version in its normal
+# form (public part, then an optional local part), nothing else. Any such version is one pip can parse, and
+# pip's "==" holds for the version spelled the same.
+PYTHON_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
+NUMBER = r"(?:0|[1-9][0-9]*)"
+NORMAL_VERSION = (
+    rf"(?:[1-9][0-9]*!)?{NUMBER}(?:\.{NUMBER})*(?:(?:a|b|rc){NUMBER})?(?:\.post{NUMBER})?(?:\.dev{NUMBER})?"
+    r"(?:\+[a-z0-9]+(?:\.[a-z0-9]+)*)?"
+)
+PINNED_REQUIREMENT = re.compile(rf"(?P<name>{PYTHON_NAME})==(?P<version>{NORMAL_VERSION})")
+# The metadata headers read: a distribution's Name and Version (the first of each), and its dependencies.
+READ_HEADERS = ("name", "version", "requires-dist")
+# A dependency, as a Requires-Dist header or a line of requires.txt writes it, starts with its PEP 508 name.
+DEPENDENCY_NAME = re.compile(rf"\s*({PYTHON_NAME})")
+# The interpreter's file name, where it tells the version of the site-packages it reads.
+VERSIONED_PYTHON = re.compile(r"python(3\.[0-9]+)")
+# The executables ansible.builtin.pip uses in a virtualenv (pip.py, _get_pip), in its order.
+VENV_PIPS = ("pip3", "pip")
+
+# What ansible.builtin.apt's cache_valid_time measures (apt.py, get_cache_mtime): the first that exists.
+# Module-level so that tests can point them elsewhere.
+APT_UPDATE_SUCCESS_STAMP_PATH = "/var/lib/apt/periodic/update-success-stamp"
+APT_LISTS_PATH = "/var/lib/apt/lists"
+
+PYTHON_ENTRY_SPEC: dict[str, Any] = {
+    "venv": {"type": "str", "required": True},
+    "requirements": {"type": "list", "elements": "str", "required": True},
+}
+
 ARGUMENT_SPEC: dict[str, Any] = {
-    "packages": {"type": "list", "elements": "dict", "required": True, "options": ENTRY_SPEC},
+    "packages": {"type": "list", "elements": "dict", "default": [], "options": ENTRY_SPEC},
+    "python_packages": {"type": "list", "elements": "dict", "default": [], "options": PYTHON_ENTRY_SPEC},
+    "apt_cache": {"type": "bool", "default": False},
     "dpkg_query": {"type": "path", "default": "dpkg-query"},
 }
 
 
 class CannotRead(Exception):
-    """dpkg-query failed, or printed what the module cannot read."""
+    """dpkg-query failed or printed what the module cannot read, or the time of apt's lists is unreadable."""
 
 
 @dataclass(frozen=True)
@@ -213,6 +366,50 @@ class Package:
     def there(self) -> bool:
         """Installed, or on its way in or out (anything but config-files and not-installed)."""
         return self.state not in GONE_STATES
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """One requirement of ``python_packages``: ``name==version``."""
+
+    name: str
+    canonical_name: str
+    version: str
+
+
+@dataclass(frozen=True)
+class VenvWanted:
+    """One entry of ``python_packages``: the distributions a virtualenv must hold."""
+
+    venv: str
+    requirements: tuple[Requirement, ...]
+
+
+@dataclass(frozen=True)
+class Wants:
+    """Both lists of wants, validated."""
+
+    packages: list[Wanted]
+    python_packages: list[VenvWanted]
+
+    @property
+    def count(self) -> int:
+        return len(self.packages) + len(self.python_packages)
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """One ``*.dist-info`` or ``*.egg-info`` of a site-packages directory."""
+
+    directory: str
+    # The canonical names it goes by: its directory name's, and its metadata's Name (when they differ, both)
+    names: frozenset[str]
+    # Its version when its metadata's Version and its directory name (where that carries one) agree, else None
+    version: str | None
+    # Why it has no version, when it has none
+    problem: str | None
+    # Its metadata's Requires-Dist headers, as written, in their order
+    requires_dist: tuple[str, ...]
 
 
 def field_name(index: int, field: str) -> str:
@@ -277,6 +474,91 @@ def reject_duplicate_names(wanted: list[Wanted]) -> None:
 def validated_entries(entries: list[dict[str, Any]]) -> list[Wanted]:
     wanted = [validated_entry(index, entry) for index, entry in enumerate(entries)]
     reject_duplicate_names(wanted)
+    return wanted
+
+
+def python_field(index: int, field: str) -> str:
+    return entry_field("python_packages", index, field)
+
+
+def canonical_python_name(name: str) -> str:
+    """A distribution's name as PEP 503 normalises it (as pip.py's Package.canonicalize_name does)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def validated_requirement(index: int, position: int, requirement: str) -> Requirement:
+    match = PINNED_REQUIREMENT.fullmatch(requirement)
+    if match is None:
+        raise EntryError(
+            f"{python_field(index, f'requirements[{position}]')}: {requirement!r} is not name==version"
+            " (a PEP 508 name, '==', and a PEP 440 version in its normal form, as kubernetes==32.0.1;"
+            " no extras, markers, other operators, spaces or URLs)"
+        )
+    name = match["name"]
+    return Requirement(name=name, canonical_name=canonical_python_name(name), version=match["version"])
+
+
+def validated_requirements(index: int, requirements: list[str]) -> tuple[Requirement, ...]:
+    if not requirements:
+        raise EntryError(f"{python_field(index, 'requirements')}: must not be empty")
+    validated = [
+        validated_requirement(index, position, requirement)
+        for position, requirement in enumerate(requirements)
+    ]
+    first_position: dict[str, int] = {}
+    for position, requirement in enumerate(validated):
+        name = requirement.canonical_name
+        if name in first_position:
+            raise EntryError(
+                f"{python_field(index, f'requirements[{first_position[name]}]')} and"
+                f" {python_field(index, f'requirements[{position}]')} both name {name!r}"
+            )
+        first_position[name] = position
+    return tuple(validated)
+
+
+def validated_venv(index: int, venv: str) -> str:
+    if not os.path.isabs(venv):
+        raise EntryError(
+            f"{python_field(index, 'venv')}: {venv!r} is not an absolute path (as the pip task's virtualenv"
+            " must be here: it is the key in differ and reasons)"
+        )
+    return venv
+
+
+def validated_python_entry(index: int, entry: dict[str, Any]) -> VenvWanted:
+    return VenvWanted(
+        venv=validated_venv(index, entry["venv"]),
+        requirements=validated_requirements(index, entry["requirements"]),
+    )
+
+
+def reject_shared_keys(wanted: Wants) -> None:
+    """Each key of differ and reasons must be one entry's: a venv once, and no venv also a package's name."""
+    package_index = {entry.name: index for index, entry in enumerate(wanted.packages)}
+    first_index: dict[str, int] = {}
+    for index, entry in enumerate(wanted.python_packages):
+        if entry.venv in package_index:
+            raise EntryError(
+                f"{field_name(package_index[entry.venv], 'name')} and {python_field(index, 'venv')}"
+                f" both name {entry.venv!r}"
+            )
+        if entry.venv in first_index:
+            raise EntryError(
+                f"{python_field(first_index[entry.venv], 'venv')} and {python_field(index, 'venv')}"
+                f" both name {entry.venv!r}"
+            )
+        first_index[entry.venv] = index
+
+
+def validated_wants(params: dict[str, Any]) -> Wants:
+    wanted = Wants(
+        packages=validated_entries(params["packages"]),
+        python_packages=[
+            validated_python_entry(index, entry) for index, entry in enumerate(params["python_packages"])
+        ],
+    )
+    reject_shared_keys(wanted)
     return wanted
 
 
@@ -396,15 +678,331 @@ def reasons_by_name(wanted: list[Wanted], packages: dict[str, list[Package]]) ->
     return reasons_by_key(wanted, attrgetter("name"), lambda entry: entry_reasons(entry, packages))
 
 
+# ------------------------------------------------------------------ python_packages: the virtualenvs
+
+
+def missing_venv_reason(venv: str) -> str | None:
+    """Why ``venv`` is not a virtualenv the pip module would use as it is; None when it is one.
+
+    ansible.builtin.pip makes a virtualenv (and reports changed) when ``bin/activate`` does not exist
+    (pip.py, main: ``if not os.path.exists(os.path.join(env, 'bin', 'activate'))``), and fails when the venv
+    has no executable ``bin/pip3`` or ``bin/pip`` (pip.py, _get_pip: ``os.path.exists(candidate) and
+    is_executable(candidate)``). ``bin/python`` (links followed) is its interpreter."""
+    bin_dir = os.path.join(venv, "bin")
+    if not os.path.exists(os.path.join(bin_dir, "python")):
+        return f"no virtualenv at {venv} (no bin/python)"
+    if not os.path.exists(os.path.join(bin_dir, "activate")):
+        return (
+            f"no virtualenv at {venv} (no bin/activate, which the pip module looks for before it makes one)"
+        )
+    pips = [os.path.join(bin_dir, name) for name in VENV_PIPS]
+    if not any(os.path.exists(pip) and is_executable(pip) for pip in pips):
+        return f"no pip in the virtualenv at {venv} (no executable bin/pip3 or bin/pip)"
+    return None
+
+
+def site_packages_of(venv: str) -> tuple[str | None, str | None]:
+    """(the site-packages directory the venv's Python reads, or None; why it cannot be told, or None).
+
+    The one of ``bin/python``'s version where the file it resolves to is named ``python3.N``; else the one
+    ``lib/python3*/site-packages`` there. None, with no problem, when there is none: nothing installed."""
+    interpreter = os.path.basename(os.path.realpath(os.path.join(venv, "bin", "python")))
+    versioned = VERSIONED_PYTHON.fullmatch(interpreter)
+    if versioned:
+        directory = os.path.join(venv, "lib", f"python{versioned[1]}", "site-packages")
+        return (directory if os.path.isdir(directory) else None), None
+    found = sorted(glob.glob(os.path.join(glob.escape(venv), "lib", "python3*", "site-packages")))
+    found = [directory for directory in found if os.path.isdir(directory)]
+    if len(found) > 1:
+        named = ", ".join(os.path.relpath(directory, venv) for directory in found)
+        return None, f"several site-packages directories ({named}): cannot tell which bin/python reads"
+    return (found[0] if found else None), None
+
+
+def metadata_headers(path: str) -> dict[str, list[str]]:
+    """The values of the READ_HEADERS of a METADATA or PKG-INFO file, by lowercase key, in their order; {}
+    when it cannot be read. Reads the header block only (up to the first empty line), not the description
+    after it. A line of blanks continues the header before it, as in email's parser, which pip's reading
+    uses: a License of several paragraphs (setuptools indents its empty lines) does not end the block
+    before the Requires-Dist headers that follow it."""
+    headers: dict[str, list[str]] = {}
+    try:
+        with open(path, encoding="utf-8", errors="surrogateescape") as stream:
+            for line in stream:
+                if not line.rstrip("\r\n"):
+                    break
+                key, colon, value = line.partition(":")
+                key = key.strip().lower()
+                if colon and not line[0].isspace() and key in READ_HEADERS:
+                    headers.setdefault(key, []).append(value.strip())
+    except OSError:
+        return {}
+    return headers
+
+
+def first_header(headers: dict[str, list[str]], key: str) -> str | None:
+    values = headers.get(key)
+    return values[0] if values else None
+
+
+def directory_name_and_version(directory: str) -> tuple[str, str | None]:
+    """The name and version a ``.dist-info`` / ``.egg-info`` directory name carries
+    (``name-version.dist-info``, ``name-version-py3.10.egg-info``), as pip's metadata backends read them."""
+    stem = directory.rsplit(".", 1)[0]
+    name, _, rest = stem.partition("-")
+    if directory.endswith(".dist-info"):
+        return name, rest or None
+    return name, rest.split("-", 1)[0] or None
+
+
+def metadata_path(site_packages: str, directory: str) -> str:
+    path = os.path.join(site_packages, directory)
+    if directory.endswith(".dist-info"):
+        return os.path.join(path, "METADATA")
+    return os.path.join(path, "PKG-INFO") if os.path.isdir(path) else path
+
+
+def read_distribution(site_packages: str, directory: str) -> Distribution:
+    """One distribution, with a version only when its metadata and its directory name agree on it (pip takes
+    the directory name's where there is one, else the metadata's; both then give the same)."""
+    directory_name, directory_version = directory_name_and_version(directory)
+    headers = metadata_headers(metadata_path(site_packages, directory))
+    name = first_header(headers, "name")
+    names = {canonical_python_name(directory_name)}
+    if name:
+        names.add(canonical_python_name(name))
+    version = first_header(headers, "version") or None
+    problem = None
+    if name is None or version is None:
+        problem = f"{directory}: no Name and Version in its metadata"
+    elif len(names) > 1:
+        problem = f"{directory}: its metadata names {name}"
+    elif directory_version is not None and directory_version != version:
+        problem = f"{directory}: its metadata says version {version}"
+    return Distribution(
+        directory=directory,
+        names=frozenset(names),
+        version=None if problem else version,
+        problem=problem,
+        requires_dist=tuple(headers.get("requires-dist", [])),
+    )
+
+
+def installed_distributions(site_packages: str | None) -> dict[str, list[Distribution]]:
+    """The distributions of a site-packages directory, by each canonical name they go by. OSError when the
+    directory cannot be listed."""
+    by_name: dict[str, list[Distribution]] = {}
+    if site_packages is None:
+        return by_name
+    for directory in sorted(os.listdir(site_packages)):
+        if directory.endswith((".dist-info", ".egg-info")):
+            distribution = read_distribution(site_packages, directory)
+            for name in distribution.names:
+                by_name.setdefault(name, []).append(distribution)
+    return by_name
+
+
+def found_once_reasons(label: str, found: list[Distribution]) -> list[str]:
+    """Why the distributions found under one name are not one distribution with readable metadata; [] when
+    they are. ``label`` names it in the reasons (its name, or its name and its dependent)."""
+    if not found:
+        return [f"{label} not installed"]
+    if len(found) > 1:
+        directories = ", ".join(distribution.directory for distribution in found)
+        return [f"{label} installed {len(found)} times ({directories}): a broken virtualenv"]
+    (distribution,) = found
+    if distribution.problem is not None:
+        return [f"{label}: {distribution.problem}"]
+    return []
+
+
+def requirement_reasons(requirement: Requirement, installed: dict[str, list[Distribution]]) -> list[str]:
+    found = installed.get(requirement.canonical_name, [])
+    reasons = found_once_reasons(requirement.name, found)
+    if not reasons and found[0].version != requirement.version:
+        return [f"{requirement.name} {found[0].version} installed, want {requirement.version}"]
+    return reasons
+
+
+def unconditional_requires_txt_lines(path: str) -> list[str]:
+    """The lines of an egg-info's requires.txt before its first ``[section]`` header (those after it are an
+    extra's, or hold under a marker), blank lines and comments left out; [] when there is no requires.txt
+    (setuptools writes none for a distribution without dependencies). OSError when it cannot be read."""
+    lines: list[str] = []
+    try:
+        with open(path, encoding="utf-8", errors="surrogateescape") as stream:
+            for line in stream:
+                stripped = line.strip()
+                if stripped.startswith("["):
+                    break
+                if stripped and not stripped.startswith("#"):
+                    lines.append(stripped)
+    except FileNotFoundError:
+        return []
+    return lines
+
+
+def declared_dependencies(site_packages: str, distribution: Distribution) -> list[str]:
+    """What a distribution requires, as pip reads it: its metadata's Requires-Dist headers; for an
+    ``.egg-info`` directory whose metadata has none, the unconditional lines of its ``requires.txt``. OSError
+    when that requires.txt cannot be read."""
+    path = os.path.join(site_packages, distribution.directory)
+    egg_info_directory = distribution.directory.endswith(".egg-info") and os.path.isdir(path)
+    if distribution.requires_dist or not egg_info_directory:
+        return list(distribution.requires_dist)
+    return unconditional_requires_txt_lines(os.path.join(path, "requires.txt"))
+
+
+def is_conditional(dependency: str) -> bool:
+    """Whether a dependency holds under a marker (after a ``;``). Such a one is not checked: a marker that
+    tests only ``extra`` holds for an extra, and the roles install none; any other (``python_version``,
+    ``sys_platform``, ...) would need ``packaging`` to evaluate, which the node's Python may lack."""
+    return ";" in dependency
+
+
+def dependency_name(dependency: str) -> str | None:
+    """The leading PEP 508 name of a dependency (``urllib3`` of ``urllib3<2.4,>=1.24.2`` or of the old
+    ``urllib3 (>=1.24.2)``); its version specifiers are not read. None when it starts with no name."""
+    match = DEPENDENCY_NAME.match(dependency)
+    return match[1] if match else None
+
+
+def unconditional_dependency_names(
+    site_packages: str, dependent: str, distribution: Distribution
+) -> tuple[list[str], list[str]]:
+    """(the names of the dependencies a distribution needs whatever the markers, as written; why some cannot
+    be read). ``dependent`` names the distribution in the reasons."""
+    try:
+        dependencies = declared_dependencies(site_packages, distribution)
+    except OSError as exc:
+        return [], [f"{dependent}: cannot read {distribution.directory}/requires.txt: {exc.strerror}"]
+    names: list[str] = []
+    unreadable: list[str] = []
+    for dependency in dependencies:
+        if is_conditional(dependency):
+            continue
+        name = dependency_name(dependency)
+        if name is None:
+            unreadable.append(f"{dependent}: cannot read its dependency {dependency!r}")
+        else:
+            names.append(name)
+    return names, unreadable
+
+
+def dependency_reasons(
+    site_packages: str, requirements: tuple[Requirement, ...], installed: dict[str, list[Distribution]]
+) -> list[str]:
+    """Why a dependency the requirements need, or those need in turn, is not installed (by name, at any
+    version); [] when each is. Walks the dependencies breadth first from the requirements (each in place,
+    found once), each distribution once, so a cycle ends; a dependency is named with its first dependent."""
+    visited = {requirement.canonical_name for requirement in requirements}
+    to_read = deque(
+        (requirement.name, installed[requirement.canonical_name][0]) for requirement in requirements
+    )
+    reasons: list[str] = []
+    while to_read:
+        dependent, distribution = to_read.popleft()
+        names, unreadable = unconditional_dependency_names(site_packages, dependent, distribution)
+        reasons.extend(unreadable)
+        for name in names:
+            canonical_name = canonical_python_name(name)
+            if canonical_name in visited:
+                continue
+            visited.add(canonical_name)
+            found = installed.get(canonical_name, [])
+            found_reasons = found_once_reasons(f"{name} (a dependency of {dependent})", found)
+            reasons.extend(found_reasons)
+            if not found_reasons:
+                to_read.append((name, found[0]))
+    return reasons
+
+
+def venv_reasons(wanted: VenvWanted) -> list[str]:
+    """Why the virtualenv does not hold the requirements as the pip task would leave them; [] when it does."""
+    missing = missing_venv_reason(wanted.venv)
+    if missing is not None:
+        return [missing]
+    site_packages, problem = site_packages_of(wanted.venv)
+    if problem is not None:
+        return [problem]
+    try:
+        installed = installed_distributions(site_packages)
+    except OSError as exc:
+        # a reason, not a failure of the read: the pip task runs and says what it makes of the venv
+        return [f"cannot list {site_packages}: {exc.strerror}"]
+    reasons = [
+        reason
+        for requirement in wanted.requirements
+        for reason in requirement_reasons(requirement, installed)
+    ]
+    # the dependencies are read only when the requirements are in place: else the pip task runs anyway
+    if reasons or site_packages is None:
+        return reasons
+    return dependency_reasons(site_packages, wanted.requirements, installed)
+
+
+def reasons_by_venv(wanted: list[VenvWanted]) -> dict[str, list[str]]:
+    return reasons_by_key(wanted, attrgetter("venv"), venv_reasons)
+
+
+# ------------------------------------------------------------------ apt_cache: the age of apt's lists
+
+
+def apt_lists_mtime() -> float | None:
+    """The time apt.py's get_cache_mtime reads: the stamp's if it exists, else the lists directory's; None
+    where apt.py takes 0 (never updated)."""
+    for path in (APT_UPDATE_SUCCESS_STAMP_PATH, APT_LISTS_PATH):
+        if os.path.exists(path):
+            try:
+                return os.stat(path).st_mtime
+            except OSError as exc:
+                raise CannotRead(f"cannot read the time of {path}: {exc.strerror}") from exc
+    return None
+
+
+def apt_lists_age() -> int | None:
+    """The lists' age in whole seconds (rounded down), on the target's clock, or None when apt never updated
+    them.
+
+    apt.py updates when ``not mtimestamp + tdelta >= now`` (``mtimestamp`` the time above as a naive local
+    datetime, ``now = datetime.datetime.now()``, ``tdelta`` cache_valid_time): when the age it computes is
+    over N seconds. The age here is computed the same way (naive local times, so a change of daylight
+    saving time counts as apt counts it). The gate ``age is none or age > N - 60`` skips the task only when
+    ``floor(age) <= N - 60``, that is when the age here is under N - 59 s; then apt, whose age is this one
+    plus the time d from this read to its own, updates only when d is over 59 s. So with the apt task
+    within a minute of this read the gate never skips a task that would update; it may run one that does
+    not."""
+    mtime = apt_lists_mtime()
+    if mtime is None:
+        return None
+    age = datetime.datetime.now() - datetime.datetime.fromtimestamp(mtime)
+    return math.floor(age.total_seconds())
+
+
+# ------------------------------------------------------------------ the module
+
+
+def differing(module: AnsibleModule, wanted: Wants) -> dict[str, list[str]]:
+    """The reasons of each entry that is not in place: packages' by name, then python_packages' by venv.
+    dpkg-query runs only when there are package wants."""
+    reasons = reasons_by_name(wanted.packages, read_packages(module)) if wanted.packages else {}
+    reasons.update(reasons_by_venv(wanted.python_packages))
+    return reasons
+
+
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    run_report(
-        module,
-        "packages",
-        validated_entries,
-        differing=lambda wanted: reasons_by_name(wanted, read_packages(module)),
-        read_error=CannotRead,
-    )
+    try:
+        wanted = validated_wants(module.params)
+    except EntryError as exc:
+        module.fail_json(msg=str(exc))
+    try:
+        reasons = differing(module, wanted)
+        # read last, the nearest to the apt task it gates
+        found = {"apt_lists_age": apt_lists_age()} if module.params["apt_cache"] else {}
+    except CannotRead as exc:
+        module.fail_json(msg=str(exc))
+    exit_with_report(module, reasons, checked=wanted.count, **found)
 
 
 if __name__ == "__main__":
