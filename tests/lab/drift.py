@@ -1,6 +1,6 @@
 """Drift made behind Ansible's back on the converged lab, and how a site run must report it (issue 19:
 whatever makes the no-op faster must keep finding it). tests/lab/test_site_on_lab.py makes it after the
-first converge: `--check --diff` must name exactly these seven, `make lab` must put back exactly these.
+first converge: `--check --diff` must name exactly these nine, `make lab` must put back exactly these.
 
 - a power cap changed on one GPU of gpu-node-2 (the fake NVML's `power`, as an operator's nvidia-smi -pl);
 - kubelet unheld on gpu-node-2 (`apt-mark unhold`);
@@ -14,7 +14,12 @@ first converge: `--check --diff` must name exactly these seven, `make lab` must 
   disable`, as removing its link by hand would: systemd's cached UnitFileState still says enabled): a unit
   whose enabling runs only when files_in_place finds it not enabled (gpu_tuning's install-boot-unit.yml);
 - chrony stopped by hand on gpu-node-2 (`systemctl stop`): a unit whose start runs only when files_in_place
-  finds it not running (common's time_sync.yml).
+  finds it not running (common's time_sync.yml);
+- sshd_config's Include line removed by hand on gpu-node-2: an edit whose lineinfile task runs only when
+  files_in_place's edits find it missing (common's ssh_hardening.yml; its handler reloads sshd);
+- a pinned distribution uninstalled from the model tools' venv on the source node (gpu-node-1, `pip
+  uninstall`): a venv whose pip task runs only when packages_in_place finds it not as pinned (model_sync's
+  prepare-source.yml).
 
 Each expected value comes from its one home: the role's defaults and the lab inventory.
 """
@@ -24,6 +29,8 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import subprocess
+import sys
 
 import yaml
 from labrun import ADMIN_KUBECTL, NODES, ROOT, Run, on_node
@@ -55,6 +62,21 @@ FILE = str(_role("containerd")["__containerd_crictl_config"])
 FILE_MODE = "644"  # roles/containerd/tasks/configure-containerd.yml
 UNIT = str(_role("gpu_tuning")["__gpu_tuning_unit"])
 SERVICE = str(_role("common")["common_chrony_service"])
+SSHD_CONFIG = str(_role("common")["__common_sshd_config"])
+SSHD_INCLUDE = str(_role("common")["__common_sshd_include"])
+SSH_SERVICE = str(_role("common")["common_ssh_service"])
+# the model tools' venv and pins, from their one home through the script the role's lookup runs
+_TOOLS = json.loads(
+    subprocess.run(
+        [sys.executable, str(ROOT / "roles/model_sync/files/model_tools_contract.py")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+)
+TOOLS_VENV = str(_TOOLS["venv"])
+TOOLS_REQUIREMENT = str(_TOOLS["requirements"][1])
+TOOLS_DISTRIBUTION = TOOLS_REQUIREMENT.split("==")[0]
 
 # (task name start, host its result is reported on): what the first run must change, and nothing else
 EXPECTED_TASKS = {
@@ -65,9 +87,16 @@ EXPECTED_TASKS = {
     "file": "Point crictl at containerd's CRI socket",
     "unit": f"Enable {UNIT}",
     "service": "Start chrony unless systemd's conditions ruled it out",
+    "edit": "Make sshd read its drop-in directory first",
+    "reload": "Reload sshd",
+    "venv": f"Install the model tools into {TOOLS_VENV}",
 }
-# the serving play applies the gateway's objects once, reported on the control plane
-EXPECTED = {(task, CONTROL_PLANE if key == "configmap" else NODE) for key, task in EXPECTED_TASKS.items()}
+# the serving play applies the gateway's objects once, reported on the control plane; the model tools live on
+# the source node, the control plane in the lab
+ON_CONTROL_PLANE = {"configmap", "venv"}
+EXPECTED = {
+    (task, CONTROL_PLANE if key in ON_CONTROL_PLANE else NODE) for key, task in EXPECTED_TASKS.items()
+}
 
 
 def run_on(node: str, command: str) -> str:
@@ -99,6 +128,27 @@ def unit_state() -> tuple[str, str]:
     enabled = on_node(NODE, f"systemctl is-enabled {UNIT}", timeout=60).stdout.strip()
     active = on_node(NODE, f"systemctl is-active {SERVICE}", timeout=60).stdout.strip()
     return enabled, active
+
+
+def without_line(line: str, path: str) -> str:
+    """A shell command that removes every line of ``path`` equal to ``line``, keeping the file (its mode and
+    owner)."""
+    kept = f"{path}.kept"
+    return f"grep -vxF {shlex.quote(line)} {path} > {kept}; cat {kept} > {path}; rm {kept}"
+
+
+def include_present() -> bool:
+    """Whether SSHD_CONFIG on NODE has the role's Include line."""
+    return SSHD_INCLUDE in run_on(NODE, f"cat {SSHD_CONFIG}").splitlines()
+
+
+def tools_version() -> str:
+    """The version of TOOLS_DISTRIBUTION in the model tools' venv on CONTROL_PLANE, '' when not installed."""
+    proc = on_node(CONTROL_PLANE, f"{TOOLS_VENV}/bin/pip show {TOOLS_DISTRIBUTION}", timeout=120)
+    return next(
+        (line.split(":", 1)[1].strip() for line in proc.stdout.splitlines() if line.startswith("Version:")),
+        "",
+    )
 
 
 def gateway_config() -> str:
@@ -154,24 +204,32 @@ def reads_not_in_place(run: Run) -> list[tuple[str, str, list[str]]]:
 
 
 def inject() -> str:
-    """Make the seven drifts on the converged lab; the gateway's configuration as it was."""
+    """Make the nine drifts on the converged lab; the gateway's configuration as it was."""
     limits = power_limits_w()
     assert limits and set(limits) == {POWER_W}, f"not converged ({limits})"
     assert PACKAGE in held() and sysctl_value() == SYSCTL_VALUE, "not converged"
     assert file_state() == (FILE_MODE, False), f"not converged ({FILE}: {file_state()})"
     assert unit_state() == ("enabled", "active"), f"not converged ({UNIT}, {SERVICE}: {unit_state()})"
+    assert include_present(), f"not converged ({SSHD_CONFIG} lacks {SSHD_INCLUDE!r})"
+    assert tools_version() == TOOLS_REQUIREMENT.split("==")[1], (
+        f"not converged ({TOOLS_VENV}: {tools_version()})"
+    )
     config = gateway_config()
     run_on(NODE, f"fake-nvml power --gpu {GPU} --limit-w {DRIFT_POWER_W}")
     run_on(NODE, f"apt-mark unhold {PACKAGE}")
     run_on(NODE, f"sysctl -w {SYSCTL}=0")
     run_on(NODE, f"echo {shlex.quote(FILE_MARK)} >> {FILE} && chmod 600 {FILE}")
     run_on(NODE, f"systemctl --no-reload disable {UNIT} && systemctl stop {SERVICE}")
+    run_on(NODE, without_line(SSHD_INCLUDE, SSHD_CONFIG))
+    run_on(CONTROL_PLANE, f"{TOOLS_VENV}/bin/pip uninstall -y -q {TOOLS_DISTRIBUTION}")
     set_gateway_config(config + "\n# edited in the cluster by tests/lab/test_site_on_lab.py\n")
     assert power_limits_w()[GPU] == DRIFT_POWER_W
     assert PACKAGE not in held()
     assert sysctl_value() == "0"
     assert file_state() == ("600", True)
     assert unit_state() == ("disabled", "inactive")
+    assert not include_present()
+    assert tools_version() == ""
     assert gateway_config() != config
     return config
 
@@ -181,10 +239,20 @@ def put_back(config: str) -> None:
     run_on(NODE, f"fake-nvml power --gpu {GPU} --limit-w {POWER_W}")
     run_on(NODE, f"apt-mark hold {PACKAGE}")
     run_on(NODE, f"sysctl -w {SYSCTL}={SYSCTL_VALUE}")
-    kept = f"{FILE}.kept"
-    unmarked = f"grep -vxF {shlex.quote(FILE_MARK)} {FILE} > {kept}; cat {kept} > {FILE}; rm {kept}"
-    run_on(NODE, f"{unmarked}; chmod {FILE_MODE} {FILE}")
+    run_on(NODE, f"{without_line(FILE_MARK, FILE)}; chmod {FILE_MODE} {FILE}")
     run_on(NODE, f"systemctl enable {UNIT} && systemctl start {SERVICE}")
+    if not include_present():
+        run_on(
+            NODE,
+            f"sed -i {shlex.quote('1i ' + SSHD_INCLUDE)} {SSHD_CONFIG} && systemctl reload {SSH_SERVICE}",
+        )
+    if not tools_version():
+        index = f"--index-url {_LAB_VARS['model_sync_pip_index_url']}"
+        trusted = f"--trusted-host {_LAB_VARS['model_sync_pip_trusted_host']}"
+        run_on(
+            CONTROL_PLANE,
+            f"{TOOLS_VENV}/bin/pip install -q {index} {trusted} {shlex.quote(TOOLS_REQUIREMENT)}",
+        )
     if gateway_config() != config:
         set_gateway_config(config)
 

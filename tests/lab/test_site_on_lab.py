@@ -1,5 +1,5 @@
 """The main job on the lab: repair a half-built lab, converge playbooks/site.yml over SSH, then prove it
-idempotent and still finding drift (issue 19): seven things drift behind Ansible's back (tests/lab/drift.py),
+idempotent and still finding drift (issue 19): nine things drift behind Ansible's back (tests/lab/drift.py),
 `--check --diff` reports exactly those, and the second run, `make lab` as the README has engineers run it,
 puts back exactly those and changes nothing else.
 
@@ -90,21 +90,23 @@ def test_site_converges_then_check_reports_exactly_the_drift(drifted):
     first = site()
     assert all(r["failed"] == 0 and r["unreachable"] == 0 for r in first.recap.values()), first.recap
 
-    # the second real run is `make lab` below; before it, seven things drift (tests/lab/drift.py)
+    # the second real run is `make lab` below; before it, nine things drift (tests/lab/drift.py)
     drifted["config"] = drift.inject()
     checked = site("--check", "--diff", json_callback=True)
     missing, other = drift.unexpected_changes(checked)
     assert missing == [], f"--check --diff did not report the drift: {missing}"
     assert other == [], f"--check --diff reports changes beyond the drift: {other}"
     assert checked.changed()[NODES[2]] == 0, checked.changed()
-    # the roles' reads found the hand-edited file and the two units (files_in_place) and the unheld package
-    # (packages_in_place), and nothing else on any node
+    # the roles' reads found the hand-edited file, the missing Include line and the two units
+    # (files_in_place), the unheld package and the model tools' venv without its pin (packages_in_place),
+    # and nothing else on any node (common's read lists its edit before its unit)
     found = drift.reads_not_in_place(checked)
     wanted = [
         (drift.NODE, [drift.FILE]),
         (drift.NODE, [drift.PACKAGE]),
         (drift.NODE, [drift.UNIT]),
-        (drift.NODE, [drift.SERVICE]),
+        (drift.NODE, [drift.SSHD_CONFIG, drift.SERVICE]),
+        (drift.CONTROL_PLANE, [drift.TOOLS_VENV]),
     ]
     assert sorted((host, differ) for _, host, differ in found) == sorted(wanted), found
     # and check mode changed nothing
@@ -113,6 +115,8 @@ def test_site_converges_then_check_reports_exactly_the_drift(drifted):
     assert drift.sysctl_value() == "0"
     assert drift.file_state() == ("600", True)
     assert drift.unit_state() == ("disabled", "inactive")
+    assert not drift.include_present()
+    assert drift.tools_version() == ""
 
 
 @pytest.mark.parametrize("node", NODES)
@@ -160,7 +164,7 @@ def test_apt_policy_shows_the_stand_in_packages_from_the_lab_mirror():
 
 def test_make_lab_puts_back_exactly_the_drift_and_reports_every_node(drifted):
     """The README's main command, as an engineer runs it: lab-up, site.yml, then the report. After the
-    converging run above it is the second run: it puts back the seven drifts (each task changed on its host)
+    converging run above it is the second run: it puts back the nine drifts (each task changed on its host)
     and changes nothing else, gpu-node-3, which did not drift, changed=0."""
     if "config" not in drifted:
         pytest.fail("no drift was made: the converge above failed")
@@ -171,12 +175,14 @@ def test_make_lab_puts_back_exactly_the_drift_and_reports_every_node(drifted):
     assert {t for t in tasks if not any(t.startswith(w) for w in wanted)} == set(), made.changed_tasks()
     assert {w for w in wanted if not any(t.startswith(w) for t in tasks)} == set(), made.changed_tasks()
     assert made.changed()[NODES[2]] == 0, made.changed()
-    assert made.changed()[drift.NODE] == 6 and made.changed()[drift.CONTROL_PLANE] == 1, made.changed()
+    assert made.changed()[drift.NODE] == 8 and made.changed()[drift.CONTROL_PLANE] == 2, made.changed()
     assert set(drift.power_limits_w()) == {drift.POWER_W}
     assert drift.PACKAGE in drift.held()
     assert drift.sysctl_value() == drift.SYSCTL_VALUE
     assert drift.file_state() == (drift.FILE_MODE, False)
     assert drift.unit_state() == ("enabled", "active")
+    assert drift.include_present()
+    assert drift.tools_version() == drift.TOOLS_REQUIREMENT.split("==")[1]
     assert drift.gateway_config() == drifted["config"]
     # one line per node; the YAML callback may wrap it once
     line = (
