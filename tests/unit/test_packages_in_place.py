@@ -18,6 +18,7 @@ from typing import Any
 
 import packages_in_place
 import pytest
+from ansible.module_utils import venv_distributions
 from ansible.modules import apt as apt_module
 from ansible.modules import pip as pip_module
 from conftest import run_module
@@ -1187,22 +1188,22 @@ def test_the_dependencies_read_are_those_importlib_metadata_reads(tmp_path: Path
     else an egg-info's requires.txt, whose sections it turns into markers) without a marker."""
     requirements = pytest.importorskip("packaging.requirements")
     site_packages = os.path.dirname(os.path.dirname(pytest.__file__))
-    installed = packages_in_place.installed_distributions(site_packages)
+    installed = venv_distributions.installed_distributions(site_packages)
     distributions = {distribution for found in installed.values() for distribution in found}
     assert len(distributions) > 10
     for distribution in distributions:
         (name,) = distribution.names
-        names, unreadable = packages_in_place.unconditional_dependency_names(
+        names, unreadable = venv_distributions.unconditional_dependency_names(
             site_packages, name, distribution
         )
         assert unreadable == [], distribution.directory
         (theirs,) = importlib.metadata.distributions(name=name, path=[site_packages])
         expected = {
-            packages_in_place.canonical_python_name(requirement.name)
+            venv_distributions.canonical_python_name(requirement.name)
             for requirement in map(requirements.Requirement, theirs.requires or [])
             if requirement.marker is None
         }
-        assert {packages_in_place.canonical_python_name(found) for found in names} == expected, name
+        assert {venv_distributions.canonical_python_name(found) for found in names} == expected, name
 
 
 # ------------------------------------------------------------------ python_packages held against pip.py
@@ -1232,7 +1233,7 @@ def test_what_is_in_place_here_is_present_for_the_pip_module(
     venv.install(name, version)
     assert venv_reasons(dpkg, venv, requirement) == []
     package = pip_module.Package(requirement)
-    assert package.package_name == packages_in_place.canonical_python_name(name)
+    assert package.package_name == venv_distributions.canonical_python_name(name)
     assert pip_module._is_present(None, package, [f"{name}=={version}"], "pip list --format=freeze")
 
 
