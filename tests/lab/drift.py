@@ -75,7 +75,9 @@ _TOOLS = json.loads(
     ).stdout
 )
 TOOLS_VENV = str(_TOOLS["venv"])
+# any of the pins serves; the second (a scanner the admission gates run, not the models' loading)
 TOOLS_REQUIREMENT = str(_TOOLS["requirements"][1])
+TOOLS_NODE = str(_LAB_VARS["model_sync_source_node"])
 TOOLS_DISTRIBUTION = TOOLS_REQUIREMENT.split("==")[0]
 
 # (task name start, host its result is reported on): what the first run must change, and nothing else
@@ -92,11 +94,9 @@ EXPECTED_TASKS = {
     "venv": f"Install the model tools into {TOOLS_VENV}",
 }
 # the serving play applies the gateway's objects once, reported on the control plane; the model tools live on
-# the source node, the control plane in the lab
-ON_CONTROL_PLANE = {"configmap", "venv"}
-EXPECTED = {
-    (task, CONTROL_PLANE if key in ON_CONTROL_PLANE else NODE) for key, task in EXPECTED_TASKS.items()
-}
+# the source node
+ELSEWHERE = {"configmap": CONTROL_PLANE, "venv": TOOLS_NODE}
+EXPECTED = {(task, ELSEWHERE.get(key, NODE)) for key, task in EXPECTED_TASKS.items()}
 
 
 def run_on(node: str, command: str) -> str:
@@ -143,8 +143,8 @@ def include_present() -> bool:
 
 
 def tools_version() -> str:
-    """The version of TOOLS_DISTRIBUTION in the model tools' venv on CONTROL_PLANE, '' when not installed."""
-    proc = on_node(CONTROL_PLANE, f"{TOOLS_VENV}/bin/pip show {TOOLS_DISTRIBUTION}", timeout=120)
+    """The version of TOOLS_DISTRIBUTION in the model tools' venv on TOOLS_NODE, '' when not installed."""
+    proc = on_node(TOOLS_NODE, f"{TOOLS_VENV}/bin/pip show {TOOLS_DISTRIBUTION}", timeout=120)
     return next(
         (line.split(":", 1)[1].strip() for line in proc.stdout.splitlines() if line.startswith("Version:")),
         "",
@@ -221,7 +221,7 @@ def inject() -> str:
     run_on(NODE, f"echo {shlex.quote(FILE_MARK)} >> {FILE} && chmod 600 {FILE}")
     run_on(NODE, f"systemctl --no-reload disable {UNIT} && systemctl stop {SERVICE}")
     run_on(NODE, without_line(SSHD_INCLUDE, SSHD_CONFIG))
-    run_on(CONTROL_PLANE, f"{TOOLS_VENV}/bin/pip uninstall -y -q {TOOLS_DISTRIBUTION}")
+    run_on(TOOLS_NODE, f"{TOOLS_VENV}/bin/pip uninstall -y -q {TOOLS_DISTRIBUTION}")
     set_gateway_config(config + "\n# edited in the cluster by tests/lab/test_site_on_lab.py\n")
     assert power_limits_w()[GPU] == DRIFT_POWER_W
     assert PACKAGE not in held()
@@ -250,7 +250,7 @@ def put_back(config: str) -> None:
         index = f"--index-url {_LAB_VARS['model_sync_pip_index_url']}"
         trusted = f"--trusted-host {_LAB_VARS['model_sync_pip_trusted_host']}"
         run_on(
-            CONTROL_PLANE,
+            TOOLS_NODE,
             f"{TOOLS_VENV}/bin/pip install -q {index} {trusted} {shlex.quote(TOOLS_REQUIREMENT)}",
         )
     if gateway_config() != config:

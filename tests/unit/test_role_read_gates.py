@@ -1,0 +1,133 @@
+"""The values roles hand their reads (files_in_place's edits, packages_in_place's venvs), rendered from the
+roles' own variables, and the gates built on the reads' results: an edit the read calls in place is one its
+task would leave as it is, and a read that finds something not as wanted lets the task run.
+
+The no-op rules themselves are held to the builtin modules in test_files_in_place.py; here the roles' inputs.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import files_in_place
+import pytest
+from conftest import run_module
+from role_render import RoleVars
+
+HOSTS = {"gpu-node-1": {"node_ip": "10.89.42.11"}, "gpu-node-2": {"ansible_host": "10.89.42.12"}}
+
+
+def common(host: str = "gpu-node-1", **overrides: Any) -> RoleVars:
+    return RoleVars(
+        "common",
+        inventory_hostname=host,
+        groups={"k8s_cluster": list(HOSTS)},
+        hostvars=HOSTS,
+        **overrides,
+    )
+
+
+def edits_by_path(role: RoleVars) -> dict[str, dict[str, Any]]:
+    return {edit["path"]: edit for edit in role["__common_edits"]}
+
+
+def edit_in_place(edit: dict[str, Any], tmp_path: Path, content: str) -> bool:
+    """The real module's verdict on ``edit`` (its owner, group and mode left out) over a file holding
+    ``content``."""
+    path = tmp_path / "edited"
+    path.write_text(content)
+    entry = {k: v for k, v in edit.items() if k not in ("owner", "group", "mode")} | {"path": str(path)}
+    failed, result = run_module(files_in_place, {"edits": [entry]})
+    assert not failed, result["msg"]
+    return result["in_place"]
+
+
+@pytest.mark.parametrize(
+    ("content", "in_place"),
+    [
+        ("gpu-node-1", True),  # as podman writes it
+        ("gpu-node-1\n", True),  # as hostnamectl writes it
+        ("gpu-node-10\n", False),
+        ("xgpu-node-1\n", False),
+        ("gpu-node-1\n\n", False),
+        ("# a comment\ngpu-node-1\n", False),
+        ("other\n", False),
+        ("", False),
+    ],
+)
+def test_the_host_name_file_is_in_place_only_holding_the_name(tmp_path, content, in_place):
+    edit = edits_by_path(common())[common()["__common_hostname_file"]]
+    assert edit_in_place(edit, tmp_path, content) is in_place
+
+
+def test_a_host_name_is_matched_literally():
+    edit = edits_by_path(common("gpu.node"))["/etc/hostname"]
+    assert re.search(edit["absent_regexp"], "gpu.node\n", re.MULTILINE) is None
+    assert re.search(edit["absent_regexp"], "gpuxnode\n", re.MULTILINE) is not None
+
+
+def test_no_host_name_edit_where_the_role_leaves_the_name_alone():
+    assert "/etc/hostname" not in edits_by_path(common(common_hostname_manage=False))
+
+
+def test_the_hosts_block_lists_every_cluster_node_between_the_tasks_markers(tmp_path):
+    role = common()
+    edit = edits_by_path(role)[role["__common_hosts_file"]]
+    assert edit["block"] == "10.89.42.11 gpu-node-1\n10.89.42.12 gpu-node-2\n"
+    assert (edit["owner"], edit["group"], edit["mode"]) == ("root", "root", "0644")
+    begin, end = (edit["marker"].replace("{mark}", mark) for mark in ("BEGIN", "END"))
+    written = f"127.0.0.1 localhost\n{begin}\n{edit['block']}{end}\n"
+    assert edit_in_place(edit, tmp_path, written)
+    assert not edit_in_place(edit, tmp_path, written.replace("10.89.42.12", "10.89.42.99"))
+    assert not edit_in_place(edit, tmp_path, "127.0.0.1 localhost\n")
+
+
+def test_the_sshd_include_line_and_the_swap_lines(tmp_path):
+    role = common()
+    edits = edits_by_path(role)
+    include = edits[role["__common_sshd_config"]]
+    assert edit_in_place(include, tmp_path, "# sshd\nInclude /etc/ssh/sshd_config.d/*.conf\nPort 22\n")
+    assert not edit_in_place(include, tmp_path, "# sshd\nPort 22\n")
+    swap = edits[role["__common_fstab"]]
+    assert edit_in_place(swap, tmp_path, "/dev/sda1 / ext4 defaults 0 1\n# /swap.img none swap sw 0 0\n")
+    assert not edit_in_place(swap, tmp_path, "/dev/sda1 / ext4 defaults 0 1\n/swap.img none swap sw 0 0\n")
+
+
+def test_no_fstab_edit_where_swap_stays():
+    assert "/etc/fstab" not in edits_by_path(common(common_swap_disable=False))
+
+
+def nvidia_driver(differ: list[str], files_differ: list[str] | None = None) -> RoleVars:
+    return RoleVars(
+        "nvidia_driver",
+        ansible_facts={"kernel": "5.15.0-105-generic"},
+        __nvidia_driver_packages_found={"differ": differ, "in_place": not differ},
+        __nvidia_driver_files_state={"differ": files_differ or []},
+    )
+
+
+def test_the_nvml_venv_alone_differing_leaves_the_driver_packages_in_place():
+    venv = nvidia_driver([])["__nvidia_driver_nvml_venv"]
+    role = nvidia_driver([venv])
+    assert role["__nvidia_driver_apt_differ"] == []
+    assert role["__nvidia_driver_packages_in_place"] is True
+    assert role["__nvidia_driver_persistenced_unit_pending"] is False
+
+
+def test_a_driver_package_differing_runs_the_package_and_persistenced_tasks():
+    role = nvidia_driver(["nvidia-headless-535", nvidia_driver([])["__nvidia_driver_nvml_venv"]])
+    assert role["__nvidia_driver_apt_differ"] == ["nvidia-headless-535"]
+    assert role["__nvidia_driver_packages_in_place"] is False
+    assert role["__nvidia_driver_persistenced_unit_pending"] is True
+
+
+def test_the_pip_tasks_install_what_the_reads_read():
+    """One home: the requirement the pip task installs is the one packages_in_place reads."""
+    driver = nvidia_driver([])
+    pin = driver["nvidia_driver_nvml_py_version"]
+    assert driver["__nvidia_driver_nvml_requirement"] == f"nvidia-ml-py=={pin}"
+    client = RoleVars("kubernetes_api_client")
+    pin = client["kubernetes_api_client_version"]
+    assert client["__kubernetes_api_client_requirement"] == f"kubernetes=={pin}"
