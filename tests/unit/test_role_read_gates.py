@@ -131,3 +131,44 @@ def test_the_pip_tasks_install_what_the_reads_read():
     client = RoleVars("kubernetes_api_client")
     pin = client["kubernetes_api_client_version"]
     assert client["__kubernetes_api_client_requirement"] == f"kubernetes=={pin}"
+
+
+TAINT = {"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}
+
+
+def taint_in_place(keep: bool, resources: list[dict[str, Any]]) -> bool:
+    role = RoleVars(
+        "kubeadm_control_plane",
+        kubeadm_control_plane_keep_taint=keep,
+        __kubeadm_control_plane_running={"resources": resources},
+    )
+    return role["__kubeadm_control_plane_taint_in_place"]
+
+
+def node(*taints: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = {"taints": list(taints)} if taints else {}
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-node-1"}, "spec": spec}
+
+
+CONFIGMAP = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "kube-proxy"}, "data": {}}
+
+
+@pytest.mark.parametrize(
+    ("keep", "resources", "in_place"),
+    [
+        (False, [CONFIGMAP, node()], True),
+        (False, [node({"key": "gpu", "effect": "NoSchedule"})], True),
+        (False, [node(TAINT)], False),
+        (False, [node(TAINT | {"value": "x"})], False),
+        (True, [node(TAINT)], True),
+        (True, [node()], False),
+        (True, [node(TAINT | {"value": "x"})], False),
+        (True, [node(TAINT, TAINT)], False),
+        (False, [CONFIGMAP], False),  # the Node was not found: the task runs (and says why it cannot)
+        (True, [], False),
+    ],
+)
+def test_the_control_plane_taint_task_runs_only_where_the_node_read_has_it_other_than_wanted(
+    keep, resources, in_place
+):
+    assert taint_in_place(keep, resources) is in_place
