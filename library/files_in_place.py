@@ -356,10 +356,11 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.file_edits import Edit, edit_field, edit_of_entry
 from ansible.module_utils.in_place_report import (
     EntryError,
+    Found,
     entry_field,
     entry_name,
-    exit_with_report,
     reasons_by_key,
+    run_report,
 )
 
 CHUNK_SIZE = 1024 * 1024
@@ -839,31 +840,42 @@ def reject_paths_named_twice(files: list[Wanted], edits: list[WantedEdit]) -> No
     )
 
 
-def main() -> None:
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    try:
-        wanted = validated_entries(module.params["files"])
-        edits = validated_edits(module.params["edits"])
-        reject_paths_named_twice(wanted, edits)
-        units = validated_units(module.params["units"])
-    except EntryError as exc:
-        module.fail_json(msg=str(exc))
-    try:
-        reasons = reasons_by_path(wanted)
-        reasons.update(reasons_by_edited_path(edits))
-        shown = shown_units(module, units)
-    except CannotLook as exc:
-        module.fail_json(msg=str(exc))
-    for unit, properties in zip(units, shown, strict=True):
+@dataclass(frozen=True)
+class Wants:
+    """The three lists of wants, validated."""
+
+    files: list[Wanted]
+    edits: list[WantedEdit]
+    units: list[WantedUnit]
+
+    @property
+    def count(self) -> int:
+        return len(self.files) + len(self.edits) + len(self.units)
+
+
+def validated_wants(params: dict[str, Any]) -> Wants:
+    files = validated_entries(params["files"])
+    edits = validated_edits(params["edits"])
+    reject_paths_named_twice(files, edits)
+    return Wants(files=files, edits=edits, units=validated_units(params["units"]))
+
+
+def read(module: AnsibleModule, wanted: Wants) -> Found:
+    """The paths', the edits' and the units' reasons, in that order, and what systemd said of each unit."""
+    reasons = reasons_by_path(wanted.files)
+    reasons.update(reasons_by_edited_path(wanted.edits))
+    shown = shown_units(module, wanted.units)
+    for unit, properties in zip(wanted.units, shown, strict=True):
         found = unit_reasons(unit, properties)
         if found:
             reasons[unit.name] = found
-    exit_with_report(
-        module,
-        reasons,
-        checked=len(wanted) + len(edits) + len(units),
-        units={unit.name: properties for unit, properties in zip(units, shown, strict=True)},
-    )
+    units = {unit.name: properties for unit, properties in zip(wanted.units, shown, strict=True)}
+    return reasons, wanted.count, {"units": units}
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    run_report(module, validated_wants, lambda wanted: read(module, wanted), CannotLook)
 
 
 if __name__ == "__main__":

@@ -276,7 +276,7 @@ from operator import attrgetter
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule, is_executable
-from ansible.module_utils.in_place_report import EntryError, entry_field, exit_with_report, reasons_by_key
+from ansible.module_utils.in_place_report import EntryError, Found, entry_field, reasons_by_key, run_report
 from ansible.module_utils.venv_distributions import (
     VenvWanted,
     distribution_reasons,
@@ -675,19 +675,16 @@ def differing(module: AnsibleModule, wanted: Wants) -> dict[str, list[str]]:
     return reasons
 
 
+def read(module: AnsibleModule, wanted: Wants) -> Found:
+    reasons = differing(module, wanted)
+    # read last, the nearest to the apt task it gates
+    found = {"apt_lists_age": apt_lists_age()} if module.params["apt_cache"] else {}
+    return reasons, wanted.count, found
+
+
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    try:
-        wanted = validated_wants(module.params)
-    except EntryError as exc:
-        module.fail_json(msg=str(exc))
-    try:
-        reasons = differing(module, wanted)
-        # read last, the nearest to the apt task it gates
-        found = {"apt_lists_age": apt_lists_age()} if module.params["apt_cache"] else {}
-    except CannotRead as exc:
-        module.fail_json(msg=str(exc))
-    exit_with_report(module, reasons, checked=wanted.count, **found)
+    run_report(module, validated_wants, lambda wanted: read(module, wanted), CannotRead)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """What the read-only "in place" modules (library/files_in_place.py, library/packages_in_place.py) share:
 the error for an entry they cannot check, the names of entries in their messages (``files[3].path``), and
-the run that validates the entries, finds which of a role's wants are not met and ends the module with the
-report (``differ``, ``reasons``, ``in_place``, ``checked``; never changed).
+the run that validates a module's options, reads which of a role's wants are not met and ends the module with
+the report (``differ``, ``reasons``, ``in_place``, ``checked``, and what else the module returns; never
+changed).
 
 Nothing from Ansible is imported at import time; the modules hand in their AnsibleModule.
 """
@@ -61,22 +62,27 @@ def exit_with_report(
     )
 
 
+# What a module's read of the target found: the reasons of each want not met by key, the number of wants
+# checked, and what else the module returns
+Found = tuple[dict[str, list[str]], int, dict[str, Any]]
+
+
 def run_report(
     module: AnsibleModule,
-    list_name: str,
-    validated_entries: Callable[[list[dict[str, Any]]], list[W]],
-    differing: Callable[[list[W]], dict[str, list[str]]],
+    validated: Callable[[dict[str, Any]], W],
+    read: Callable[[W], Found],
     read_error: type[Exception],
 ) -> NoReturn:
-    """Validate the entries of the list option ``list_name``, find those that differ (``differing``: their
-    reasons by key) and exit with the report. An EntryError, or a ``read_error`` (what the module reads on
-    the target could not be read), fails the module with its message; the entries are validated first."""
+    """Validate the module's options (``validated``: its wants, from ``module.params``), read the target
+    (``read``: what it found of the wants) and exit with the report. An EntryError, or a ``read_error`` (what
+    the module reads on the target could not be read), fails the module with its message; the wants are
+    validated before anything is read."""
     try:
-        wanted = validated_entries(module.params[list_name])
+        wanted = validated(module.params)
     except EntryError as exc:
         module.fail_json(msg=str(exc))
     try:
-        reasons = differing(wanted)
+        reasons, checked, found = read(wanted)
     except read_error as exc:
         module.fail_json(msg=str(exc))
-    exit_with_report(module, reasons, checked=len(wanted))
+    exit_with_report(module, reasons, checked, **found)
