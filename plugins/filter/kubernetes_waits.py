@@ -179,13 +179,24 @@ def k8s_deployment_rolled_out(deployment: Any) -> bool:
     return deployment_rolled_out(deployment or {})
 
 
+def ready_node_names(nodes: Any) -> list[str]:
+    """The names of the Nodes whose condition Ready is True: what the kubelet last reported and the node
+    lifecycle controller has not since marked Unknown."""
+    names = []
+    for node in nodes or []:
+        conditions = _get(node, "status", "conditions", default=None) or []
+        if any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions):
+            names.append(_get(node, "metadata", "name", default=""))
+    return names
+
+
 def k8s_deployment_stalled(deployment: Any) -> str:
     return deployment_stalled(deployment or {})
 
 
 class FilterModule:
     """k8s_statefulset_ready_wait_s; k8s_deployment_rollout_wait_s, k8s_deployment_rolled_out,
-    k8s_deployment_stalled."""
+    k8s_deployment_stalled; k8s_ready_node_names (a wait for several Nodes in one read)."""
 
     def filters(self) -> dict[str, Any]:
         return {
@@ -193,4 +204,5 @@ class FilterModule:
             "k8s_deployment_rollout_wait_s": k8s_deployment_rollout_wait_s,
             "k8s_deployment_rolled_out": k8s_deployment_rolled_out,
             "k8s_deployment_stalled": k8s_deployment_stalled,
+            "k8s_ready_node_names": ready_node_names,
         }

@@ -20,7 +20,7 @@ from ansible.template import Templar, trust_as_template
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def problems(node: dict[str, Any]) -> list[str]:
+def problems(node: dict[str, Any], gpu_facts: dict[str, Any] | None = None) -> list[str]:
     play = yaml.safe_load((ROOT / "playbooks/kubernetes-verify.yml").read_text())[0]
     (summary,) = [task for task in play["tasks"] if task.get("name") == "Summary"]
     variables: dict[str, Any] = {
@@ -29,12 +29,13 @@ def problems(node: dict[str, Any]) -> list[str]:
     variables |= {
         "inventory_hostname": "gpu-node-2",
         "node_ip": "10.0.0.12",
-        "verify_node": {"resources": [node]},
+        "verify_nodes": {"resources": [node]},
         "verify_coredns": {"resources": [{"spec": {"replicas": 2}, "status": {"readyReplicas": 2}}]},
         "verify_kubernetes_service": {"resources": [{"spec": {"clusterIP": "10.96.0.1"}}]},
         "verify_proxy_mode": {"content": "ipvs"},
         "verify_ipvs": {"stdout": "TCP  10.96.0.1:443 rr"},
-        "verify_gpus": {"skipped": True},
+        "groups": {"gpu_nodes": ["gpu-node-2"]},
+        "ansible_facts": {"nvidia": {"gpu_count": 0}} if gpu_facts is None else gpu_facts,
     }
     templar = Templar(loader=DataLoader(), variables=variables)
     return list(templar.template(trust_as_template("{{ verify_problems }}")))
@@ -64,6 +65,23 @@ def test_a_kubelet_on_another_address_is_a_problem_saying_what_to_do() -> None:
     (problem,) = problems(node("172.16.0.12"))
     assert problem.startswith("InternalIP 172.16.0.12, not node_ip 10.0.0.12")
     assert "--node-ip=10.0.0.12" in problem and "/var/lib/kubelet/kubeadm-flags.env" in problem
+
+
+def test_the_gpu_count_is_the_one_this_run_read() -> None:
+    """The count the GPU stage (or the report's first play) put in the facts: no second NVML read, and a node
+    that offers fewer is a problem; a node whose GPUs were never read (no NVML) counts none."""
+    offering_two = node("10.0.0.12")
+    offering_two["status"]["allocatable"] = {"nvidia.com/gpu": "2"}
+    assert problems(offering_two, {"nvidia": {"gpu_count": 2}}) == []
+    assert problems(offering_two, {"nvidia": {"gpu_count": 4}}) == ["allocatable nvidia.com/gpu 2 of 4 GPUs"]
+    assert problems(offering_two, {"nvidia": {"device_processes": []}}) == ["allocatable nvidia.com/gpu 2 of 0 GPUs"]
+
+
+def test_only_this_node_is_read_from_the_list() -> None:
+    other = node("10.0.0.13")
+    other["metadata"]["name"] = "gpu-node-3"
+    other["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+    assert problems(other) == ["node not Ready (absent)"]
 
 
 def test_calico_on_another_address_is_a_problem() -> None:

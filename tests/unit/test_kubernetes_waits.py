@@ -289,3 +289,23 @@ def test_a_stalled_rollout_is_seen(kube_rollouts: real_kube.ControlPlane) -> Non
         time.sleep(0.5)
     assert "progressing" in waits.k8s_deployment_stalled(now), now.get("status")
     assert not waits.k8s_deployment_rolled_out(now)
+
+
+def test_ready_node_names() -> None:
+    """The verification's one wait for every node: Ready True only (False, Unknown and no condition are not)."""
+
+    def node(name: str, *conditions: tuple[str, str]) -> dict[str, Any]:
+        return {
+            "metadata": {"name": name},
+            "status": {"conditions": [{"type": t, "status": v, "reason": "KubeletReady"} for t, v in conditions]},
+        }
+
+    nodes = [
+        node("a", ("MemoryPressure", "False"), ("Ready", "True")),
+        node("b", ("Ready", "False")),
+        node("c", ("Ready", "Unknown")),
+        node("d"),
+        {"metadata": {"name": "e"}},
+    ]
+    assert waits.ready_node_names(nodes) == ["a"]
+    assert waits.ready_node_names(None) == []
