@@ -196,6 +196,23 @@ attributes:
     support: full
   diff_mode:
     support: none
+  stat:
+    description:
+      - Paths whose stat the role's logic reads, answered in RV(stat) as M(ansible.builtin.stat) answers with
+        its default C(follow=false) (a link at the path is not followed). Not compared with anything; they do
+        not count in RV(checked).
+      - One option of this call instead of a stat task per path.
+    type: list
+    elements: str
+    default: []
+  slurp:
+    description:
+      - Files whose content the role's logic reads, answered in RV(slurp) as M(ansible.builtin.slurp) answers.
+        A missing path is answered with nothing (where slurp fails). Not compared with anything.
+      - One option of this call instead of a slurp task per file.
+    type: list
+    elements: str
+    default: []
 extends_documentation_fragment:
   - llm_platform
 notes:
@@ -322,6 +339,23 @@ checked:
   returned: always
   type: int
   sample: 2
+stat:
+  description:
+    - For each path of O(stat), what M(ansible.builtin.stat) returns as C(stat) for it, in part, C(exists)
+      always, and where the path exists C(path), C(isreg), C(isdir), C(islnk), C(lnk_target) (a link only),
+      C(mode), C(uid), C(gid), C(pw_name), C(gr_name), C(size) and C(mtime).
+  returned: always
+  type: dict
+  sample:
+    /etc/kubernetes/kubelet.conf: {exists: false}
+slurp:
+  description:
+    - For each path of O(slurp), what M(ansible.builtin.slurp) returns (C(content) in base64, C(encoding),
+      C(source)); an empty dict where nothing is at the path.
+  returned: always
+  type: dict
+  sample:
+    /etc/hostname: {content: "Z3B1LW5vZGUtMQo=", encoding: base64, source: /etc/hostname}
 units:
   description:
     - What systemd reports of each unit of O(units), by its name as given (empty without O(units)).
@@ -362,6 +396,7 @@ from ansible.module_utils.in_place_report import (
     reasons_by_key,
     run_report,
 )
+from ansible.module_utils.path_reads import PathReadError, reads, validated_read_paths
 
 CHUNK_SIZE = 1024 * 1024
 SHA1_HEX = re.compile(r"[0-9a-f]{40}")
@@ -412,6 +447,8 @@ ARGUMENT_SPEC: dict[str, Any] = {
     "files": {"type": "list", "elements": "dict", "default": [], "options": ENTRY_SPEC},
     "edits": {"type": "list", "elements": "dict", "default": [], "options": EDIT_SPEC},
     "units": {"type": "list", "elements": "dict", "default": [], "options": UNIT_SPEC},
+    "stat": {"type": "list", "elements": "str", "default": []},
+    "slurp": {"type": "list", "elements": "str", "default": []},
 }
 
 SYSTEMCTL_ENV = {"LC_ALL": "C", "SYSTEMD_PAGER": ""}
@@ -842,11 +879,13 @@ def reject_paths_named_twice(files: list[Wanted], edits: list[WantedEdit]) -> No
 
 @dataclass(frozen=True)
 class Wants:
-    """The three lists of wants, validated."""
+    """The three lists of wants, validated, and the paths to read for the role."""
 
     files: list[Wanted]
     edits: list[WantedEdit]
     units: list[WantedUnit]
+    stat_paths: list[str]
+    slurp_paths: list[str]
 
     @property
     def count(self) -> int:
@@ -857,11 +896,23 @@ def validated_wants(params: dict[str, Any]) -> Wants:
     files = validated_entries(params["files"])
     edits = validated_edits(params["edits"])
     reject_paths_named_twice(files, edits)
-    return Wants(files=files, edits=edits, units=validated_units(params["units"]))
+    try:
+        stat_paths = validated_read_paths(params["stat"], "stat")
+        slurp_paths = validated_read_paths(params["slurp"], "slurp")
+    except ValueError as exc:
+        raise EntryError(str(exc)) from exc
+    return Wants(
+        files=files,
+        edits=edits,
+        units=validated_units(params["units"]),
+        stat_paths=stat_paths,
+        slurp_paths=slurp_paths,
+    )
 
 
 def read(module: AnsibleModule, wanted: Wants) -> Found:
-    """The paths', the edits' and the units' reasons, in that order, and what systemd said of each unit."""
+    """The paths', the edits' and the units' reasons, in that order, what systemd said of each unit, and the
+    stat and slurp reads."""
     reasons = reasons_by_path(wanted.files)
     reasons.update(reasons_by_edited_path(wanted.edits))
     shown = shown_units(module, wanted.units)
@@ -870,7 +921,11 @@ def read(module: AnsibleModule, wanted: Wants) -> Found:
         if found:
             reasons[unit.name] = found
     units = {unit.name: properties for unit, properties in zip(wanted.units, shown, strict=True)}
-    return reasons, wanted.count, {"units": units}
+    try:
+        read_paths = reads(wanted.stat_paths, wanted.slurp_paths)
+    except PathReadError as exc:
+        raise CannotLook(f"{exc}; {BECOME_HINT}") from exc
+    return reasons, wanted.count, {"units": units, **read_paths}
 
 
 def main() -> None:

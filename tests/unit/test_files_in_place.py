@@ -1136,3 +1136,99 @@ def test_an_absent_regexp_is_in_place_exactly_when_replace_changes_nothing(
     edited.unlink()
     assert in_place(edited, {"absent_regexp": regexp}) is False
     assert real_task_changes(real_replace, edited, {"regexp": regexp, "replace": replace}) is True
+
+
+# ------------------------------------------------------------ stat and slurp, the reads for a role's logic
+
+import ansible.module_utils.path_reads as path_reads  # noqa: E402
+import ansible.modules.slurp as real_slurp  # noqa: E402
+import ansible.modules.stat as real_stat  # noqa: E402
+
+STAT_FIELDS = ("exists", "path", "isreg", "isdir", "islnk", "lnk_target", "mode", "uid", "gid", "pw_name",
+               "gr_name", "size", "mtime")  # fmt: skip
+
+
+def reads_of(stat_paths: list[str], slurp_paths: list[str] | None = None) -> dict[str, Any]:
+    failed, result = run_module(files_in_place, {"stat": stat_paths, "slurp": slurp_paths or []})
+    assert not failed, result["msg"]
+    return result
+
+
+def builtin_stat(path: str) -> dict[str, Any]:
+    failed, result = run_module(real_stat, {"path": path})
+    assert not failed, result
+    # bytes (lnk_target) are text once the result is JSON, as the role reads it
+    return {
+        key: value.decode() if isinstance(value, bytes) else value for key, value in result["stat"].items()
+    }
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> dict[str, Path]:
+    """One path of each kind a role's read meets: a file, a directory, links to both, a dangling link, a
+    missing path and a path under a file."""
+    file = write(tmp_path / "file", mode=0o640)
+    directory = tmp_path / "dir"
+    directory.mkdir(mode=0o750)
+    (tmp_path / "link-to-file").symlink_to(file)
+    (tmp_path / "link-to-dir").symlink_to(directory)
+    (tmp_path / "dangling").symlink_to(tmp_path / "nothing")
+    names = ["file", "dir", "link-to-file", "link-to-dir", "dangling", "missing", "file/under"]
+    return {name: tmp_path / name for name in names}
+
+
+def test_stat_answers_as_the_builtin_stat_does(tree: dict[str, Path]) -> None:
+    """Every field the read returns, for every kind of path, equals what ansible.builtin.stat returns for it
+    (its default follow=false: a link is the link)."""
+    paths = [str(path) for path in tree.values()]
+    result = reads_of(paths)
+    assert list(result["stat"]) == paths
+    # where the builtin fails (a path under a file: "Not a directory"), nothing is there
+    assert result["stat"][str(tree["file/under"])] == {"exists": False}
+    for path in paths[:-1]:
+        ours, theirs = result["stat"][path], builtin_stat(path)
+        assert set(ours) <= set(STAT_FIELDS), path
+        assert ours == {field: theirs[field] for field in ours}, path
+        # nothing the builtin returns for these fields is left out, lnk_target where it is a link
+        assert {field for field in STAT_FIELDS if field in theirs and field != "lnk_source"} - set(ours) <= (
+            set() if theirs.get("islnk") else {"lnk_target"}
+        ), path
+
+
+def test_slurp_answers_as_the_builtin_slurp_does_and_nothing_for_a_missing_file(
+    tree: dict[str, Path],
+) -> None:
+    binary = write(tree["file"].parent / "binary", data=bytes(range(256)))
+    wanted = [str(tree["file"]), str(binary), str(tree["link-to-file"]), str(tree["missing"])]
+    result = reads_of([], wanted)
+    for path in wanted[:3]:
+        failed, theirs = run_module(real_slurp, {"src": path})
+        assert not failed, theirs
+        assert result["slurp"][path]["content"] == theirs["content"].decode("ascii")  # bytes before JSON
+        assert result["slurp"][path]["encoding"] == theirs["encoding"] == "base64"
+    failed, _ = run_module(real_slurp, {"src": str(tree["missing"])})
+    assert failed and result["slurp"][str(tree["missing"])] == {}
+
+
+def test_reads_do_not_count_as_checks_and_change_nothing(config: Path) -> None:
+    result = reads_of([str(config)], [str(config)])
+    assert result["checked"] == 0 and result["in_place"] is True and result["changed"] is False
+
+
+@pytest.mark.parametrize("option", ["stat", "slurp"])
+def test_a_relative_read_path_names_the_option_and_index(config: Path, option: str) -> None:
+    failed, result = run_module(files_in_place, {option: [str(config), "etc/hostname"]})
+    assert failed
+    assert result["msg"] == f"{option}[1]: 'etc/hostname' is not an absolute path"
+
+
+def test_a_read_that_is_denied_fails_naming_the_path_and_become(
+    config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def denied(path: Any, *args: Any, **kwargs: Any) -> Any:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(path_reads.os, "lstat", denied)
+    failed, result = run_module(files_in_place, {"stat": [str(config)]})
+    assert failed
+    assert result["msg"] == f"cannot look at {config}: Permission denied; run the task with become: true"

@@ -59,7 +59,7 @@ def modules_called(
     return runs_for(
         LOAD,
         MODULES,
-        __kubernetes_node_proc_modules=proc_modules(loaded),
+        __kubernetes_node_pin_state={"slurp": {"/proc/modules": proc_modules(loaded)}},
         __kubernetes_node_module_files=found(files),
         __kubernetes_node_modprobe_links={"files": [{"path": p, "islnk": True} for p in links]},
     )

@@ -1,0 +1,85 @@
+"""Reads of paths for a role's logic, answered as ansible.builtin.stat and ansible.builtin.slurp answer them,
+so that one module call (files_in_place's ``stat`` and ``slurp``) replaces a stat or slurp task per path.
+
+Only what the roles read of a stat is returned: ``exists``, and for a path that exists ``path``, ``isreg``,
+``isdir``, ``islnk`` (of the path itself: not followed, as stat's default ``follow: false``), ``lnk_target``
+for a link, ``mode`` (the permission bits, 4 octal digits), ``uid``, ``gid``, ``pw_name``, ``gr_name``,
+``size`` and ``mtime``. A slurp is ``content`` (base64) and ``encoding``, or nothing where the path is
+missing (where slurp fails and the roles' tasks ignore it).
+"""
+
+from __future__ import annotations
+
+import base64
+import grp
+import os
+import pwd
+import stat
+from typing import Any
+
+
+class PathReadError(Exception):
+    """A path that exists but may not be looked at or read; the message names the path."""
+
+
+def _name(lookup: Any, number: int) -> str:
+    try:
+        return str(lookup(number)[0])
+    except KeyError:
+        return ""
+
+
+def stat_of(path: str) -> dict[str, Any]:
+    """The path's stat, not following a link at the path (stat's default)."""
+    try:
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return {"exists": False}
+    except OSError as exc:
+        raise PathReadError(f"cannot look at {path}: {exc.strerror}") from exc
+    found: dict[str, Any] = {
+        "exists": True,
+        "path": path,
+        "isreg": stat.S_ISREG(st.st_mode),
+        "isdir": stat.S_ISDIR(st.st_mode),
+        "islnk": stat.S_ISLNK(st.st_mode),
+        "mode": f"{stat.S_IMODE(st.st_mode):04o}",
+        "uid": st.st_uid,
+        "gid": st.st_gid,
+        "pw_name": _name(pwd.getpwuid, st.st_uid),
+        "gr_name": _name(grp.getgrgid, st.st_gid),
+        "size": st.st_size,
+        "mtime": st.st_mtime,
+    }
+    if found["islnk"]:
+        found["lnk_target"] = os.readlink(path)
+    return found
+
+
+def slurp_of(path: str) -> dict[str, Any]:
+    """The file's content in base64 as slurp returns it; {} where nothing is at the path."""
+    try:
+        with open(path, "rb") as content:
+            data = content.read()
+    except (FileNotFoundError, NotADirectoryError):
+        return {}
+    except OSError as exc:
+        raise PathReadError(f"cannot read {path}: {exc.strerror}") from exc
+    return {"content": base64.b64encode(data).decode("ascii"), "encoding": "base64", "source": path}
+
+
+def validated_read_paths(paths: list[str], option: str) -> list[str]:
+    """The paths of OPTION (``stat`` or ``slurp``), each absolute; a ValueError names the first that is
+    not."""
+    for index, path in enumerate(paths):
+        if not os.path.isabs(path):
+            raise ValueError(f"{option}[{index}]: {path!r} is not an absolute path")
+    return paths
+
+
+def reads(stat_paths: list[str], slurp_paths: list[str]) -> dict[str, dict[str, Any]]:
+    """What the module returns for its ``stat`` and ``slurp`` options: each path's answer, by path."""
+    return {
+        "stat": {path: stat_of(path) for path in stat_paths},
+        "slurp": {path: slurp_of(path) for path in slurp_paths},
+    }
