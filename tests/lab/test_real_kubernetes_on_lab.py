@@ -314,7 +314,7 @@ def lab_values() -> dict[str, Any]:
 
 def live_monitoring_inputs() -> dict[str, Any]:
     """What the monitoring role reads from the cluster before it renders its policy
-    (tasks/apply-workloads.yml): the API server's port (the kubernetes Service's EndpointSlice) and the
+    (tasks/read-inputs.yml): the API server's port (the kubernetes Service's EndpointSlice) and the
     Nodes' InternalIPs."""
     slices = kube_json(
         "-n", "default", "get", "endpointslices", "-l", "kubernetes.io/service-name=kubernetes"
