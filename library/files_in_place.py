@@ -343,7 +343,9 @@ stat:
   description:
     - For each path of O(stat), what M(ansible.builtin.stat) returns as C(stat) for it, in part, C(exists)
       always, and where the path exists C(path), C(isreg), C(isdir), C(islnk), C(lnk_target) (a link only),
-      C(mode), C(uid), C(gid), C(pw_name), C(gr_name), C(size) and C(mtime).
+      C(mode), C(uid), C(gid), C(pw_name), C(gr_name), C(size), C(mtime) and C(checksum) (the SHA-1 of a
+      regular file the module may read).
+    - C(exists) is false also for a path under a regular file (where M(ansible.builtin.stat) fails).
   returned: always
   type: dict
   sample:

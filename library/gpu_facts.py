@@ -205,6 +205,13 @@ ansible_facts:
             error:
               description: Why this GPU could not be read (for example a lost GPU); null when it was read.
               type: str
+        nvml_venv:
+          description:
+            - RV(nvml_venv), also among the facts, so that a later play of the same run finds it without a
+              second read (role gpu_health_agent).
+          returned: always
+          type: str
+          sample: /opt/nvidia-ml-py
         device_processes:
           description:
             - Processes with a file descriptor open on C(/dev/nvidia*), from C(/proc) (works without NVML).
@@ -318,7 +325,11 @@ def main() -> None:
     holders = device_processes(exclude_pids={os.getpid()})
     switches = nvswitch_pci_devices()
     if not module.params["nvml"]:
-        facts: dict[str, Any] = {"device_processes": holders, "nvswitches": nvswitch_facts(switches, None)}
+        facts: dict[str, Any] = {
+            "device_processes": holders,
+            "nvswitches": nvswitch_facts(switches, None),
+            "nvml_venv": NVML_VENV,
+        }
         module.exit_json(changed=False, nvml_venv=NVML_VENV, ansible_facts={"nvidia": facts})
 
     nvml = require_pynvml(module)
@@ -339,6 +350,7 @@ def main() -> None:
     facts["topology"] = topology
     facts["device_processes"] = holders
     facts["nvswitches"] = nvswitch_facts(switches, facts["gpus"])
+    facts["nvml_venv"] = NVML_VENV
     module.exit_json(changed=False, nvml_venv=NVML_VENV, ansible_facts={"nvidia": facts})
 
 

@@ -4,14 +4,16 @@ so that one module call (files_in_place's ``stat`` and ``slurp``) replaces a sta
 Only what the roles read of a stat is returned: ``exists``, and for a path that exists ``path``, ``isreg``,
 ``isdir``, ``islnk`` (of the path itself: not followed, as stat's default ``follow: false``), ``lnk_target``
 for a link, ``mode`` (the permission bits, 4 octal digits), ``uid``, ``gid``, ``pw_name``, ``gr_name``,
-``size`` and ``mtime``. A slurp is ``content`` (base64) and ``encoding``, or nothing where the path is
-missing (where slurp fails and the roles' tasks ignore it).
+``size``, ``mtime``, and ``checksum`` (SHA-1, stat's default) for a regular file it may read. A slurp is
+``content`` (base64) and ``encoding``, or nothing where the path is missing (where slurp fails and the roles'
+tasks ignore it).
 """
 
 from __future__ import annotations
 
 import base64
 import grp
+import hashlib
 import os
 import pwd
 import stat
@@ -53,7 +55,20 @@ def stat_of(path: str) -> dict[str, Any]:
     }
     if found["islnk"]:
         found["lnk_target"] = os.readlink(path)
+    if found["isreg"] and os.access(path, os.R_OK):
+        found["checksum"] = sha1_of(path)
     return found
+
+
+def sha1_of(path: str) -> str:
+    digest = hashlib.sha1()
+    try:
+        with open(path, "rb") as content:
+            for chunk in iter(lambda: content.read(1024 * 1024), b""):
+                digest.update(chunk)
+    except OSError as exc:
+        raise PathReadError(f"cannot read {path}: {exc.strerror}") from exc
+    return digest.hexdigest()
 
 
 def slurp_of(path: str) -> dict[str, Any]:

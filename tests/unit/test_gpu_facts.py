@@ -282,6 +282,7 @@ def test_nvml_false_needs_no_working_nvml(
     assert not failed and result["changed"] is False
     assert result["nvml_venv"] == "/opt/nvidia-ml-py"
     nvidia = result["ansible_facts"]["nvidia"]
-    assert set(nvidia) == {"device_processes", "nvswitches"}
+    assert set(nvidia) == {"device_processes", "nvswitches", "nvml_venv"}
+    assert nvidia["nvml_venv"] == result["nvml_venv"]
     assert [p["pid"] for p in nvidia["device_processes"]] == [77]
     assert nvidia["nvswitches"] == {"present": True, "pci_devices": ["0000:07:00.0"], "nvml_links": None}

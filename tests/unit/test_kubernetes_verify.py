@@ -74,7 +74,8 @@ def test_the_gpu_count_is_the_one_this_run_read() -> None:
     offering_two["status"]["allocatable"] = {"nvidia.com/gpu": "2"}
     assert problems(offering_two, {"nvidia": {"gpu_count": 2}}) == []
     assert problems(offering_two, {"nvidia": {"gpu_count": 4}}) == ["allocatable nvidia.com/gpu 2 of 4 GPUs"]
-    assert problems(offering_two, {"nvidia": {"device_processes": []}}) == ["allocatable nvidia.com/gpu 2 of 0 GPUs"]
+    no_count = {"nvidia": {"device_processes": []}}
+    assert problems(offering_two, no_count) == ["allocatable nvidia.com/gpu 2 of 0 GPUs"]
 
 
 def test_only_this_node_is_read_from_the_list() -> None:

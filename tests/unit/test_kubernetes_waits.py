@@ -292,12 +292,12 @@ def test_a_stalled_rollout_is_seen(kube_rollouts: real_kube.ControlPlane) -> Non
 
 
 def test_ready_node_names() -> None:
-    """The verification's one wait for every node: Ready True only (False, Unknown and no condition are not)."""
+    """The verification's one wait for every node: Ready True only (not False, Unknown or no condition)."""
 
     def node(name: str, *conditions: tuple[str, str]) -> dict[str, Any]:
         return {
             "metadata": {"name": name},
-            "status": {"conditions": [{"type": t, "status": v, "reason": "KubeletReady"} for t, v in conditions]},
+            "status": {"conditions": [{"type": t, "status": v, "reason": "Kubelet"} for t, v in conditions]},
         }
 
     nodes = [

@@ -172,3 +172,35 @@ def test_the_control_plane_taint_task_runs_only_where_the_node_read_has_it_other
     keep, resources, in_place
 ):
     assert taint_in_place(keep, resources) is in_place
+
+
+def ca_copy_in_place(tmp_path: Path, copy: bytes | None, mode: int = 0o640, source: bytes = b"CA\n") -> bool:
+    """gpu_health_agent's gate of its CA copy, over what files_in_place's stat really reads of a CA and a copy
+    (the copy's group: the test's own, given as the agent's user's group)."""
+    ca, agent_copy = tmp_path / "ca.crt", tmp_path / "agent-ca.crt"
+    ca.write_bytes(source)
+    agent_copy.unlink(missing_ok=True)
+    if copy is not None:
+        agent_copy.write_bytes(copy)
+        agent_copy.chmod(mode)
+    failed, read = run_module(files_in_place, {"stat": [str(ca), str(agent_copy)]})
+    assert not failed, read["msg"]
+    stat = read["stat"][str(agent_copy)]
+    role = RoleVars(
+        "gpu_health_agent",
+        gpu_health_agent_ca_file=str(ca),
+        __gpu_health_agent_ca=str(agent_copy),
+        __gpu_health_agent_service_state=read,
+        # the owner the copy task gives it is root; this test runs as whoever it is
+        gpu_health_agent_user=stat.get("gr_name", "root"),
+    )
+    if stat["exists"] and stat["pw_name"] != "root":
+        pytest.skip("the copy's owner must be root, as the copy task makes it")
+    return bool(role["__gpu_health_agent_ca_in_place"])
+
+
+def test_the_agents_ca_copy_is_copied_only_where_it_differs(tmp_path: Path) -> None:
+    assert ca_copy_in_place(tmp_path, b"CA\n") is True
+    assert ca_copy_in_place(tmp_path, b"old CA\n") is False
+    assert ca_copy_in_place(tmp_path, b"CA\n", mode=0o644) is False
+    assert ca_copy_in_place(tmp_path, None) is False
