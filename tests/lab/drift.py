@@ -1,6 +1,6 @@
 """Drift made behind Ansible's back on the converged lab, and how a site run must report it (issue 19:
 whatever makes the no-op faster must keep finding it). tests/lab/test_site_on_lab.py makes it after the
-first converge: `--check --diff` must name exactly these nine, `make lab` must put back exactly these.
+first converge: `--check --diff` must name exactly these eleven, `make lab` must put back exactly these.
 
 - a power cap changed on one GPU of gpu-node-2 (the fake NVML's `power`, as an operator's nvidia-smi -pl);
 - kubelet unheld on gpu-node-2 (`apt-mark unhold`);
@@ -19,7 +19,12 @@ first converge: `--check --diff` must name exactly these nine, `make lab` must p
   files_in_place's edits find it missing (common's ssh_hardening.yml; its handler reloads sshd);
 - a pinned distribution uninstalled from the model tools' venv on the source node (gpu-node-1, `pip
   uninstall`): a venv whose pip task runs only when packages_in_place finds it not as pinned (model_sync's
-  prepare-source.yml).
+  prepare-source.yml);
+- the monitoring namespace's NetworkPolicy `prometheus` edited in the cluster (its ingress port): an object
+  applied only where the role's one read finds it not held as rendered (monitoring's apply-workloads.yml);
+- the GPU health agent's copy of the cluster CA on gpu-node-2 edited by hand (a line appended): a copy that
+  runs only where files_in_place's stat finds its checksum, mode or owner other than the CA's
+  (gpu_health_agent's configure-service.yml; its handler restarts the agent).
 
 Each expected value comes from its one home: the role's defaults and the lab inventory.
 """
@@ -79,6 +84,10 @@ TOOLS_VENV = str(_TOOLS["venv"])
 TOOLS_REQUIREMENT = str(_TOOLS["requirements"][1])
 TOOLS_NODE = str(_LAB_VARS["model_sync_source_node"])
 TOOLS_DISTRIBUTION = TOOLS_REQUIREMENT.split("==")[0]
+MONITORING_NAMESPACE = _role("monitoring")["monitoring_namespace"]
+POLICY = "prometheus"  # roles/monitoring/templates/network-policy.yml.j2
+AGENT_CA = str(_role("gpu_health_agent")["__gpu_health_agent_ca"])
+CA_MARK = "# edited by hand by tests/lab/test_site_on_lab.py"
 
 # (task name start, host its result is reported on): what the first run must change, and nothing else
 EXPECTED_TASKS = {
@@ -92,10 +101,13 @@ EXPECTED_TASKS = {
     "edit": "Make sshd read its drop-in directory first",
     "reload": "Reload sshd",
     "venv": f"Install the model tools into {TOOLS_VENV}",
+    "policy": "Apply the monitoring namespace's network policy",
+    "ca": "Copy the cluster CA where the agent's user can read it",
+    "restart": "Restart the GPU health agent",
 }
 # the serving play applies the gateway's objects once, reported on the control plane; the model tools live on
 # the source node
-ELSEWHERE = {"configmap": CONTROL_PLANE, "venv": TOOLS_NODE}
+ELSEWHERE = {"configmap": CONTROL_PLANE, "venv": TOOLS_NODE, "policy": CONTROL_PLANE}
 EXPECTED = {(task, ELSEWHERE.get(key, NODE)) for key, task in EXPECTED_TASKS.items()}
 
 
@@ -164,6 +176,28 @@ def set_gateway_config(text: str) -> None:
     )
 
 
+def policy_port() -> int:
+    """The port of the first ingress rule of the monitoring NetworkPolicy POLICY."""
+    got = run_on(
+        CONTROL_PLANE, f"{ADMIN_KUBECTL} -n {MONITORING_NAMESPACE} get networkpolicy {POLICY} -o json"
+    )
+    return int(json.loads(got)["spec"]["ingress"][0]["ports"][0]["port"])
+
+
+def set_policy_port(port: int) -> None:
+    patch = json.dumps([{"op": "replace", "path": "/spec/ingress/0/ports/0/port", "value": port}])
+    run_on(
+        CONTROL_PLANE,
+        f"{ADMIN_KUBECTL} -n {MONITORING_NAMESPACE} patch networkpolicy {POLICY} --type json"
+        f" -p {shlex.quote(patch)}",
+    )
+
+
+def ca_edited() -> bool:
+    """Whether the hand edit is in the agent's copy of the CA on NODE."""
+    return CA_MARK in run_on(NODE, f"cat {AGENT_CA}")
+
+
 def _label(item: object) -> str:
     """A loop item as the tasks label it: a package, key=value, Kind/name."""
     if isinstance(item, dict) and "key" in item:
@@ -203,8 +237,9 @@ def reads_not_in_place(run: Run) -> list[tuple[str, str, list[str]]]:
     return found
 
 
-def inject() -> str:
-    """Make the nine drifts on the converged lab; the gateway's configuration as it was."""
+def inject() -> dict[str, str]:
+    """Make the eleven drifts on the converged lab; the gateway's configuration and the policy's port as they
+    were (``config``, ``port``)."""
     limits = power_limits_w()
     assert limits and set(limits) == {POWER_W}, f"not converged ({limits})"
     assert PACKAGE in held() and sysctl_value() == SYSCTL_VALUE, "not converged"
@@ -214,7 +249,9 @@ def inject() -> str:
     assert tools_version() == TOOLS_REQUIREMENT.split("==")[1], (
         f"not converged ({TOOLS_VENV}: {tools_version()})"
     )
+    assert not ca_edited(), f"not converged ({AGENT_CA} edited)"
     config = gateway_config()
+    port = policy_port()
     run_on(NODE, f"fake-nvml power --gpu {GPU} --limit-w {DRIFT_POWER_W}")
     run_on(NODE, f"apt-mark unhold {PACKAGE}")
     run_on(NODE, f"sysctl -w {SYSCTL}=0")
@@ -223,6 +260,8 @@ def inject() -> str:
     run_on(NODE, without_line(SSHD_INCLUDE, SSHD_CONFIG))
     run_on(TOOLS_NODE, f"{TOOLS_VENV}/bin/pip uninstall -y -q {TOOLS_DISTRIBUTION}")
     set_gateway_config(config + "\n# edited in the cluster by tests/lab/test_site_on_lab.py\n")
+    set_policy_port(port + 1)
+    run_on(NODE, f"echo {shlex.quote(CA_MARK)} >> {AGENT_CA}")
     assert power_limits_w()[GPU] == DRIFT_POWER_W
     assert PACKAGE not in held()
     assert sysctl_value() == "0"
@@ -231,11 +270,13 @@ def inject() -> str:
     assert not include_present()
     assert tools_version() == ""
     assert gateway_config() != config
-    return config
+    assert policy_port() == port + 1
+    assert ca_edited()
+    return {"config": config, "port": str(port)}
 
 
-def put_back(config: str) -> None:
-    """By hand, whatever the runs did: the lab as the product leaves it."""
+def put_back(made: dict[str, str]) -> None:
+    """By hand, whatever the runs did: the lab as the product leaves it (``made``: what inject returned)."""
     run_on(NODE, f"fake-nvml power --gpu {GPU} --limit-w {POWER_W}")
     run_on(NODE, f"apt-mark hold {PACKAGE}")
     run_on(NODE, f"sysctl -w {SYSCTL}={SYSCTL_VALUE}")
@@ -253,8 +294,12 @@ def put_back(config: str) -> None:
             TOOLS_NODE,
             f"{TOOLS_VENV}/bin/pip install -q {index} {trusted} {shlex.quote(TOOLS_REQUIREMENT)}",
         )
-    if gateway_config() != config:
-        set_gateway_config(config)
+    if gateway_config() != made["config"]:
+        set_gateway_config(made["config"])
+    if policy_port() != int(made["port"]):
+        set_policy_port(int(made["port"]))
+    if ca_edited():
+        run_on(NODE, without_line(CA_MARK, AGENT_CA))
 
 
 def unexpected_changes(run: Run) -> tuple[list[tuple[str, str]], list[tuple[str, str, str]]]:

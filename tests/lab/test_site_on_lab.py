@@ -1,5 +1,5 @@
 """The main job on the lab: repair a half-built lab, converge playbooks/site.yml over SSH, then prove it
-idempotent and still finding drift (issue 19): nine things drift behind Ansible's back (tests/lab/drift.py),
+idempotent and still finding drift (issue 19): eleven things drift behind Ansible's back (tests/lab/drift.py),
 `--check --diff` reports exactly those, and the second run, `make lab` as the README has engineers run it,
 puts back exactly those and changes nothing else.
 
@@ -79,20 +79,21 @@ def test_lab_up_repairs_a_half_created_lab():
 
 @pytest.fixture(scope="module")
 def drifted() -> Iterator[dict[str, str]]:
-    """The gateway's configuration before the drift, once it is made; at the end the drift is put back by
-    hand whatever the runs did, so a failure here leaves no drifted lab to the tests after it."""
+    """What the drift changed (the gateway's configuration, the policy's port), once it is made; at the end
+    the drift is put back by hand whatever the runs did, so a failure here leaves no drifted lab to the tests
+    after it."""
     made: dict[str, str] = {}
     yield made
     if "config" in made:
-        drift.put_back(made["config"])
+        drift.put_back(made)
 
 
 def test_site_converges_then_check_reports_exactly_the_drift(drifted):
     first = site()
     assert all(r["failed"] == 0 and r["unreachable"] == 0 for r in first.recap.values()), first.recap
 
-    # the second real run is `make lab` below; before it, nine things drift (tests/lab/drift.py)
-    drifted["config"] = drift.inject()
+    # the second real run is `make lab` below; before it, eleven things drift (tests/lab/drift.py)
+    drifted.update(drift.inject())
     checked = site("--check", "--diff", json_callback=True)
     missing, other = drift.unexpected_changes(checked)
     assert missing == [], f"--check --diff did not report the drift: {missing}"
@@ -118,6 +119,8 @@ def test_site_converges_then_check_reports_exactly_the_drift(drifted):
     assert drift.unit_state() == ("disabled", "inactive")
     assert not drift.include_present()
     assert drift.tools_version() == ""
+    assert drift.policy_port() == int(drifted["port"]) + 1
+    assert drift.ca_edited()
 
 
 @pytest.mark.parametrize("node", NODES)
@@ -165,7 +168,7 @@ def test_apt_policy_shows_the_stand_in_packages_from_the_lab_mirror():
 
 def test_make_lab_puts_back_exactly_the_drift_and_reports_every_node(drifted):
     """The README's main command, as an engineer runs it: lab-up, site.yml, then the report. After the
-    converging run above it is the second run: it puts back the nine drifts (each task changed on its host)
+    converging run above it is the second run: it puts back the eleven drifts (each task changed on its host)
     and changes nothing else, gpu-node-3, which did not drift, changed=0."""
     if "config" not in drifted:
         pytest.fail("no drift was made: the converge above failed")
@@ -176,7 +179,7 @@ def test_make_lab_puts_back_exactly_the_drift_and_reports_every_node(drifted):
     assert {t for t in tasks if not any(t.startswith(w) for w in wanted)} == set(), made.changed_tasks()
     assert {w for w in wanted if not any(t.startswith(w) for t in tasks)} == set(), made.changed_tasks()
     assert made.changed()[NODES[2]] == 0, made.changed()
-    # one change per drift on its host (and sshd's reload on NODE)
+    # one change per drift on its host (and sshd's reload and the agent's restart on NODE)
     per_host = Counter(host for _, host in drift.EXPECTED)
     assert {host: made.changed()[host] for host in per_host} == dict(per_host), made.changed()
     assert set(drift.power_limits_w()) == {drift.POWER_W}
@@ -187,6 +190,8 @@ def test_make_lab_puts_back_exactly_the_drift_and_reports_every_node(drifted):
     assert drift.include_present()
     assert drift.tools_version() == drift.TOOLS_REQUIREMENT.split("==")[1]
     assert drift.gateway_config() == drifted["config"]
+    assert drift.policy_port() == int(drifted["port"])
+    assert not drift.ca_edited()
     # one line per node; the YAML callback may wrap it once
     line = (
         r"msg: driver 535\.183\.06 \(CUDA 12\.2\), 4 x NVIDIA A100-PCIE-40GB,[^\n]*"  # first line
