@@ -191,11 +191,6 @@ options:
           - Whether the role wants the unit running; left out, not compared.
           - Give O(units[].enabled), O(units[].active) or both.
         type: bool
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
   stat:
     description:
       - Paths whose stat the role's logic reads, answered in RV(stat) as M(ansible.builtin.stat) answers with
@@ -213,6 +208,11 @@ attributes:
     type: list
     elements: str
     default: []
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
 extends_documentation_fragment:
   - llm_platform
 notes:
@@ -343,8 +343,8 @@ stat:
   description:
     - For each path of O(stat), what M(ansible.builtin.stat) returns as C(stat) for it, in part, C(exists)
       always, and where the path exists C(path), C(isreg), C(isdir), C(islnk), C(lnk_target) (a link only),
-      C(mode), C(uid), C(gid), C(pw_name), C(gr_name), C(size), C(mtime) and C(checksum) (the SHA-1 of a
-      regular file the module may read).
+      C(mode), C(uid), C(gid), C(pw_name), C(gr_name), C(size), C(mtime), C(readable) and C(executable) (for
+      the module's user, through a link), and C(checksum) (the SHA-1 of a regular file the module may read).
     - C(exists) is false also for a path under a regular file (where M(ansible.builtin.stat) fails).
   returned: always
   type: dict

@@ -4,7 +4,8 @@ so that one module call (files_in_place's ``stat`` and ``slurp``) replaces a sta
 Only what the roles read of a stat is returned: ``exists``, and for a path that exists ``path``, ``isreg``,
 ``isdir``, ``islnk`` (of the path itself: not followed, as stat's default ``follow: false``), ``lnk_target``
 for a link, ``mode`` (the permission bits, 4 octal digits), ``uid``, ``gid``, ``pw_name``, ``gr_name``,
-``size``, ``mtime``, and ``checksum`` (SHA-1, stat's default) for a regular file it may read. A slurp is
+``size``, ``mtime``, ``readable`` and ``executable`` (for this user, through a link as stat's are), and
+``checksum`` (SHA-1, stat's default) for a regular file it may read. A slurp is
 ``content`` (base64) and ``encoding``, or nothing where the path is missing (where slurp fails and the roles'
 tasks ignore it).
 """
@@ -52,10 +53,12 @@ def stat_of(path: str) -> dict[str, Any]:
         "gr_name": _name(grp.getgrgid, st.st_gid),
         "size": st.st_size,
         "mtime": st.st_mtime,
+        "readable": os.access(path, os.R_OK),
+        "executable": os.access(path, os.X_OK),
     }
     if found["islnk"]:
         found["lnk_target"] = os.readlink(path)
-    if found["isreg"] and os.access(path, os.R_OK):
+    if found["isreg"] and found["readable"]:
         found["checksum"] = sha1_of(path)
     return found
 

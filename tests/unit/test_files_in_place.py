@@ -1145,7 +1145,7 @@ import ansible.modules.slurp as real_slurp  # noqa: E402
 import ansible.modules.stat as real_stat  # noqa: E402
 
 STAT_FIELDS = ("exists", "path", "isreg", "isdir", "islnk", "lnk_target", "mode", "uid", "gid", "pw_name",
-               "gr_name", "size", "mtime", "checksum")  # fmt: skip
+               "gr_name", "size", "mtime", "checksum", "readable", "executable")  # fmt: skip
 
 
 def reads_of(stat_paths: list[str], slurp_paths: list[str] | None = None) -> dict[str, Any]:

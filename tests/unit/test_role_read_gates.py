@@ -204,3 +204,22 @@ def test_the_agents_ca_copy_is_copied_only_where_it_differs(tmp_path: Path) -> N
     assert ca_copy_in_place(tmp_path, b"old CA\n") is False
     assert ca_copy_in_place(tmp_path, b"CA\n", mode=0o644) is False
     assert ca_copy_in_place(tmp_path, None) is False
+
+
+@pytest.mark.parametrize("member", [True, False])
+def test_the_kubelet_is_started_in_a_cluster_with_or_without_the_roles_read(member: bool) -> None:
+    """kubernetes_node's kubelet task takes the node's membership from the role's read (tasks/main.yml) or,
+    entered alone by tasks_from (playbooks/tasks/upgrade-kubernetes-node.yml), from its own stat."""
+    kubeconfig = "/etc/kubernetes/kubelet.conf"
+    with_read = RoleVars(
+        "kubernetes_node",
+        __kubernetes_kubelet_kubeconfig=kubeconfig,
+        __kubernetes_node_pin_state={"stat": {kubeconfig: {"exists": member}}},
+    )
+    alone = RoleVars(
+        "kubernetes_node",
+        __kubernetes_kubelet_kubeconfig=kubeconfig,
+        __kubernetes_node_kubelet_conf={"stat": {"exists": member}},
+    )
+    assert with_read["__kubernetes_node_in_cluster"] is member
+    assert alone["__kubernetes_node_in_cluster"] is member
