@@ -378,7 +378,6 @@ units:
 """
 
 import grp
-import hashlib
 import os
 import pwd
 import re
@@ -398,9 +397,8 @@ from ansible.module_utils.in_place_report import (
     reasons_by_key,
     run_report,
 )
-from ansible.module_utils.path_reads import PathReadError, reads, validated_read_paths
+from ansible.module_utils.path_reads import PathReadError, reads, sha1_of, validated_read_paths
 
-CHUNK_SIZE = 1024 * 1024
 SHA1_HEX = re.compile(r"[0-9a-f]{40}")
 OCTAL_MODE = re.compile(r"[0-7]{3,4}")
 BECOME_HINT = "run the task with become: true"
@@ -606,14 +604,10 @@ def cannot_read(path: str, exc: OSError) -> CannotLook:
 
 
 def sha1_of_file(path: str) -> str:
-    digest = hashlib.sha1()
     try:
-        with open(path, "rb") as content:
-            for chunk in iter(lambda: content.read(CHUNK_SIZE), b""):
-                digest.update(chunk)
+        return sha1_of(path)
     except OSError as exc:
         raise cannot_read(path, exc) from exc
-    return digest.hexdigest()
 
 
 def text_of_file(path: str) -> str:

@@ -20,6 +20,8 @@ import pwd
 import stat
 from typing import Any
 
+CHUNK_SIZE = 1024 * 1024
+
 
 class PathReadError(Exception):
     """A path that exists but may not be looked at or read; the message names the path."""
@@ -59,18 +61,19 @@ def stat_of(path: str) -> dict[str, Any]:
     if found["islnk"]:
         found["lnk_target"] = os.readlink(path)
     if found["isreg"] and found["readable"]:
-        found["checksum"] = sha1_of(path)
+        try:
+            found["checksum"] = sha1_of(path)
+        except OSError as exc:
+            raise PathReadError(f"cannot read {path}: {exc.strerror}") from exc
     return found
 
 
 def sha1_of(path: str) -> str:
+    """The SHA-1 of the file's content, read in chunks; OSError where it cannot be read."""
     digest = hashlib.sha1()
-    try:
-        with open(path, "rb") as content:
-            for chunk in iter(lambda: content.read(1024 * 1024), b""):
-                digest.update(chunk)
-    except OSError as exc:
-        raise PathReadError(f"cannot read {path}: {exc.strerror}") from exc
+    with open(path, "rb") as content:
+        for chunk in iter(lambda: content.read(CHUNK_SIZE), b""):
+            digest.update(chunk)
     return digest.hexdigest()
 
 

@@ -104,7 +104,7 @@ def test_content_differs(config: Path) -> None:
 
 
 def test_a_file_larger_than_one_read_is_hashed_whole(tmp_path: Path) -> None:
-    data = b"x" * files_in_place.CHUNK_SIZE + b"tail"
+    data = b"x" * path_reads.CHUNK_SIZE + b"tail"
     big = write(tmp_path / "big", data)
     assert checked_ok({"path": str(big), "checksum": sha1(data)})["in_place"] is True
     assert checked_ok({"path": str(big), "checksum": sha1(data[:-1])})["differ"] == [str(big)]
@@ -383,7 +383,7 @@ def test_an_unreadable_file_fails_naming_it_and_become(config: Path, monkeypatch
             raise PermissionError(13, "Permission denied", str(path))
         return real_open(path, *args, **kwargs)
 
-    monkeypatch.setattr(files_in_place, "open", open_denied, raising=False)
+    monkeypatch.setattr(path_reads, "open", open_denied, raising=False)  # its one reader of content
     msg = failure({"path": str(config), "checksum": sha1(CONTENT)})
     assert msg == f"cannot read {config}: Permission denied; run the task with become: true"
 
