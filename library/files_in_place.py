@@ -397,7 +397,7 @@ from ansible.module_utils.in_place_report import (
     reasons_by_key,
     run_report,
 )
-from ansible.module_utils.path_reads import PathReadError, reads, sha1_of, validated_read_paths
+from ansible.module_utils.path_reads import PathReadError, reads, sha1_of
 
 SHA1_HEX = re.compile(r"[0-9a-f]{40}")
 OCTAL_MODE = re.compile(r"[0-7]{3,4}")
@@ -509,10 +509,20 @@ def field_name(index: int, field: str) -> str:
     return entry_field("files", index, field)
 
 
-def validated_path(index: int, path: str, list_name: str = "files") -> str:
+def absolute_path(name: str, path: str) -> str:
+    """PATH, refused unless absolute; NAME is the option as messages name it."""
     if not os.path.isabs(path):
-        raise EntryError(f"{entry_field(list_name, index, 'path')}: {path!r} is not an absolute path")
+        raise EntryError(f"{name}: {path!r} is not an absolute path")
     return path
+
+
+def validated_path(index: int, path: str, list_name: str = "files") -> str:
+    return absolute_path(entry_field(list_name, index, "path"), path)
+
+
+def validated_read_paths(option: str, paths: list[str]) -> list[str]:
+    """The paths of the option ``stat`` or ``slurp``, each absolute."""
+    return [absolute_path(entry_name(option, index), path) for index, path in enumerate(paths)]
 
 
 def validated_checksum(index: int, state: str, checksum: str | None) -> str | None:
@@ -892,17 +902,12 @@ def validated_wants(params: dict[str, Any]) -> Wants:
     files = validated_entries(params["files"])
     edits = validated_edits(params["edits"])
     reject_paths_named_twice(files, edits)
-    try:
-        stat_paths = validated_read_paths(params["stat"], "stat")
-        slurp_paths = validated_read_paths(params["slurp"], "slurp")
-    except ValueError as exc:
-        raise EntryError(str(exc)) from exc
     return Wants(
         files=files,
         edits=edits,
         units=validated_units(params["units"]),
-        stat_paths=stat_paths,
-        slurp_paths=slurp_paths,
+        stat_paths=validated_read_paths("stat", params["stat"]),
+        slurp_paths=validated_read_paths("slurp", params["slurp"]),
     )
 
 

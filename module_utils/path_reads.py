@@ -89,15 +89,6 @@ def slurp_of(path: str) -> dict[str, Any]:
     return {"content": base64.b64encode(data).decode("ascii"), "encoding": "base64", "source": path}
 
 
-def validated_read_paths(paths: list[str], option: str) -> list[str]:
-    """The paths of OPTION (``stat`` or ``slurp``), each absolute; a ValueError names the first that is
-    not."""
-    for index, path in enumerate(paths):
-        if not os.path.isabs(path):
-            raise ValueError(f"{option}[{index}]: {path!r} is not an absolute path")
-    return paths
-
-
 def reads(stat_paths: list[str], slurp_paths: list[str]) -> dict[str, dict[str, Any]]:
     """What the module returns for its ``stat`` and ``slurp`` options: each path's answer, by path."""
     return {
