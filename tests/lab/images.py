@@ -17,6 +17,7 @@ the digests the registry gave are written to .lab/images.json for the lab invent
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -308,12 +309,29 @@ def file_hash(path: Path) -> str:
     return h.hexdigest()
 
 
+@functools.cache
+def local_images() -> dict[str, dict]:
+    """Name -> podman's record (Id, Digest, Labels) of every local image: one `podman images` for them all
+    instead of an inspect per image. A build clears it."""
+    listed = json.loads(podman("images", "--format", "json").stdout or "[]")
+    return {name: record for record in listed for name in record.get("Names") or []}
+
+
+def local_image(name: str, field: str) -> str | None:
+    """One field of a local image's record (local_images), or None when podman has no such image."""
+    record = local_images().get(name)
+    return None if record is None else record.get(field)
+
+
 def inputs_hash(image: Image, files: dict[str, Path]) -> str:
     h = hashlib.sha256(containerfile(image, {t: Path(t).name for t in files}).encode())
     for target, source in sorted(files.items()):
         h.update(f"{target}\0{file_hash(source)}\0".encode())
     if image.base != "scratch":
-        h.update(podman("image", "inspect", "--format", "{{.Digest}}", image.base).stdout.strip().encode())
+        base = local_image(image.base, "Digest")
+        if base is None:  # not listed: inspect names the missing image in its error
+            base = podman("image", "inspect", "--format", "{{.Digest}}", image.base).stdout.strip()
+        h.update(base.encode())
     return h.hexdigest()[:16]
 
 
@@ -321,10 +339,7 @@ def ensure_built(image: Image) -> str:
     """Build the image unless podman has it with these inputs; returns the inputs hash."""
     files = image.files()
     wanted = inputs_hash(image, files)
-    current = podman(
-        "image", "inspect", "--format", f'{{{{ index .Labels "{LABEL}" }}}}', image.ref, check=False
-    )
-    if current.returncode == 0 and current.stdout.strip() == wanted:
+    if (local_image(image.ref, "Labels") or {}).get(LABEL) == wanted:
         return wanted
     log(f"building {image.ref}: {image.what}")
     with tempfile.TemporaryDirectory(prefix="llm-lab-image.") as context:
@@ -335,6 +350,7 @@ def ensure_built(image: Image) -> str:
             names[target] = name
         (Path(context) / "Containerfile").write_text(containerfile(image, names))
         podman("build", "-q", "--label", f"{LABEL}={wanted}", "-t", image.ref, context)
+    local_images.cache_clear()
     return wanted
 
 
@@ -390,9 +406,12 @@ def ensure_all(site_images: dict[str, tuple[str, str]] | None = None) -> dict[st
     the gateway; the site value pinning its digest)); write .lab/images.json, .lab/image-digests.json and
     .lab/site-digests.json; return ref -> digest."""
     recorded = json.loads(DIGESTS.read_text()) if DIGESTS.is_file() else {}
+    local_images.cache_clear()  # images built before this call (the gateway's) are listed
     work: list[tuple[Image, str, str | None]] = [(image, ensure_built(image), None) for image in images()]
     for ref, (local, site_digest) in (site_images or {}).items():
-        local_id = podman("image", "inspect", "--format", "{{.Id}}", local).stdout.strip()
+        local_id = local_image(local, "Id")
+        if local_id is None:
+            raise ImageError(f"{ref}: podman has no local image {local} to push")
         image = Image(ref, dict, what=f"{local} (built here)", site_digest=site_digest)
         work.append((image, local_id, local))
     for image, inputs, local in work:

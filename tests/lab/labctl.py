@@ -15,9 +15,11 @@ host's /etc/containers stays untouched. See docs/lab.md.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import functools
 import hashlib
+import io
 import json
 import os
 import signal
@@ -25,6 +27,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import tarfile
 import time
 import urllib.error
 import urllib.request
@@ -710,28 +713,57 @@ def wait_for_systemd(node: Node, timeout_s: float = 240) -> None:
 BOOT_UNIT = "fake-nvml-boot.service"
 
 
+# What install_fake_gpus puts on a node: (source under tests/lab, or None for FAKE_NVML_WRAPPER; path on
+# the node; mode). The fake NVML and its control CLI; the Kubernetes faults (scripts/lab-fault NODE kube
+# ...), done to the real components; the unit by which a reboot clears the simulated GPUs as it clears a
+# driver's state.
+FAKE_GPU_FILES = (
+    ("fake_nvml/pynvml.py", "/usr/local/lib/fake-nvml/pynvml.py", 0o644),
+    ("fake_nvml/fake_nvml_ctl.py", "/usr/local/lib/fake-nvml/fake_nvml_ctl.py", 0o644),
+    (None, "/usr/local/sbin/fake-nvml", 0o755),
+    ("kube/lab_kube_fault.py", "/usr/local/sbin/lab-kube-fault", 0o755),
+    (f"fake_nvml/{BOOT_UNIT}", f"/etc/systemd/system/{BOOT_UNIT}", 0o644),
+)
+FAKE_NVML_WRAPPER = b'#!/bin/sh\nexec /usr/bin/python3 /usr/local/lib/fake-nvml/fake_nvml_ctl.py "$@"\n'
+
+
+def fake_gpu_archive() -> bytes:
+    """FAKE_GPU_FILES as one tar stream (root-owned, the sources' times), for one `tar -x` on the node."""
+    stream = io.BytesIO()
+    with tarfile.open(fileobj=stream, mode="w") as archive:
+        for source, target, mode in FAKE_GPU_FILES:
+            data = FAKE_NVML_WRAPPER if source is None else (LAB_SRC / source).read_bytes()
+            entry = tarfile.TarInfo(target.lstrip("/"))
+            entry.size, entry.mode = len(data), mode
+            entry.mtime = int((LAB_SRC / (source or "labctl.py")).stat().st_mtime)
+            archive.addfile(entry, io.BytesIO(data))
+    return stream.getvalue()
+
+
 def install_fake_gpus(node: Node) -> None:
-    """Copy the fake NVML and its control CLI to the node; create the GPU state once."""
-    podman("exec", node.name, "mkdir", "-p", "/usr/local/lib/fake-nvml")
-    for name in ("pynvml.py", "fake_nvml_ctl.py"):
-        podman("cp", str(LAB_SRC / "fake_nvml" / name), f"{node.name}:/usr/local/lib/fake-nvml/{name}")
-    wrapper = '#!/bin/sh\nexec /usr/bin/python3 /usr/local/lib/fake-nvml/fake_nvml_ctl.py "$@"\n'
-    podman(
-        "exec", node.name, "sh", "-c",
-        f"printf '%s' '{wrapper}' > /usr/local/sbin/fake-nvml && chmod 0755 /usr/local/sbin/fake-nvml",
-    )  # fmt: skip
-    # and the Kubernetes faults (scripts/lab-fault NODE kube ...), done to the real components
-    podman("cp", str(LAB_SRC / "kube" / "lab_kube_fault.py"), f"{node.name}:/usr/local/sbin/lab-kube-fault")
-    podman("exec", node.name, "chmod", "0755", "/usr/local/sbin/lab-kube-fault")
-    # a reboot clears the simulated GPUs as it clears a driver's state (fake_nvml/fake-nvml-boot.service)
-    podman("cp", str(LAB_SRC / "fake_nvml" / BOOT_UNIT), f"{node.name}:/etc/systemd/system/{BOOT_UNIT}")
-    podman("exec", node.name, "systemctl", "enable", "--quiet", BOOT_UNIT)
-    has_state = (
-        podman("exec", node.name, "test", "-f", "/var/lib/fake-nvml/state.json", check=False).returncode == 0
+    """Copy FAKE_GPU_FILES to the node in one exec; create the GPU state once."""
+    env = dict(os.environ)
+    env.setdefault("CONTAINERS_CONF", str(LAB_SRC / "containers.conf"))
+    script = (
+        f"tar -x -C / --no-same-owner && systemctl enable --quiet {BOOT_UNIT} && "
+        "if test -f /var/lib/fake-nvml/state.json; then echo state; else echo no-state; fi"
     )
-    if not has_state:
+    result = subprocess.run(
+        ["podman", "exec", "-i", node.name, "sh", "-c", script],
+        input=fake_gpu_archive(), env=env, capture_output=True, check=False,
+    )  # fmt: skip
+    if result.returncode != 0:
+        raise LabError(f"{node.name}: installing the fake GPUs failed: {result.stderr.decode().strip()}")
+    if result.stdout.decode().strip() != "state":
         podman("exec", node.name, "fake-nvml", "init", "--shape", GPU_SHAPE, "--host", node.name)
         log(f"{node.name}: simulated GPUs initialised ({GPU_SHAPE})")
+
+
+def bring_up_node(node: Node) -> None:
+    """A started node container made ready: booted, the fake GPUs installed, reached over SSH."""
+    wait_for_systemd(node)
+    install_fake_gpus(node)
+    wait_for_ssh(node)
 
 
 def carry_in_models() -> None:
@@ -827,10 +859,10 @@ def cmd_up(_: argparse.Namespace) -> None:
     ensure_mirror()
     for node in NODES:
         ensure_node(node)
-    for node in NODES:
-        wait_for_systemd(node)
-        install_fake_gpus(node)
-        wait_for_ssh(node)
+    # the three nodes side by side: each step waits on its own node (its boot, podman exec, SSH)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(NODES)) as pool:
+        for done in [pool.submit(bring_up_node, node) for node in NODES]:
+            done.result()
     ensure_network_dns()
     carry_in_models()
     ensure_images()

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -371,7 +372,9 @@ def go(*args: str, cwd: Path, cgo: bool = False, mod: str = "readonly") -> subpr
     return subprocess.run(["go", *args], cwd=cwd, env=env, capture_output=True, text=True, check=False)
 
 
+@functools.cache
 def go_version() -> str:
+    """The Go toolchain's version (asked once per process: every build's cache key holds it)."""
     return subprocess.run(
         ["go", "env", "GOVERSION"], capture_output=True, text=True, check=True
     ).stdout.strip()
