@@ -55,6 +55,8 @@ options:
           - The SHA-1 digest (40 lowercase hex digits) of the content the role writes, for example
             V({{ lookup('ansible.builtin.template', 'x.j2'\) | hash('sha1'\) }}) for a template or
             V({{ content | hash('sha1'\) }}) for a copy's content.
+          - Or V(sha256:) and its 64 lowercase hex digits, the form of ansible.builtin.get_url's pinned
+            O(ansible.builtin.get_url#module:checksum), for a file the role downloads with that pin.
           - Only with O(files[].state=file). When left out, the content is not compared.
         type: str
       owner:
@@ -397,9 +399,10 @@ from ansible.module_utils.in_place_report import (
     reasons_by_key,
     run_report,
 )
-from ansible.module_utils.path_reads import PathReadError, reads, sha1_of
+from ansible.module_utils.path_reads import PathReadError, digest_of, reads, sha1_of
 
 SHA1_HEX = re.compile(r"[0-9a-f]{40}")
+SHA256_PINNED = re.compile(r"sha256:([0-9a-f]{64})")
 OCTAL_MODE = re.compile(r"[0-7]{3,4}")
 BECOME_HINT = "run the task with become: true"
 
@@ -530,12 +533,22 @@ def validated_checksum(index: int, state: str, checksum: str | None) -> str | No
         return None
     if state != "file":
         raise EntryError(f"{field_name(index, 'checksum')}: only for state=file, not state={state}")
-    if not SHA1_HEX.fullmatch(checksum):
+    if not (SHA1_HEX.fullmatch(checksum) or SHA256_PINNED.fullmatch(checksum)):
         raise EntryError(
             f"{field_name(index, 'checksum')}: {checksum!r} is not a SHA-1 digest (40 lowercase hex digits,"
-            " as the hash('sha1') filter gives)"
+            " as the hash('sha1') filter gives) nor sha256: and 64 lowercase hex digits (get_url's checksum)"
         )
     return checksum
+
+
+def content_digest(path: str, checksum: str) -> str:
+    """The file's digest in the form of the entry's CHECKSUM (SHA-1 hex, or get_url's sha256:HEX)."""
+    try:
+        if checksum.startswith("sha256:"):
+            return "sha256:" + digest_of(path, "sha256")
+        return sha1_of(path)
+    except OSError as exc:
+        raise cannot_read(path, exc) from exc
 
 
 def parsed_mode(index: int, mode: Any, list_name: str = "files") -> int | None:
@@ -611,13 +624,6 @@ def missing_reason(path: str) -> str:
 def cannot_read(path: str, exc: OSError) -> CannotLook:
     hint = f"; {BECOME_HINT}" if isinstance(exc, PermissionError) else ""
     return CannotLook(f"cannot read {path}: {exc.strerror}{hint}")
-
-
-def sha1_of_file(path: str) -> str:
-    try:
-        return sha1_of(path)
-    except OSError as exc:
-        raise cannot_read(path, exc) from exc
 
 
 def text_of_file(path: str) -> str:
@@ -703,7 +709,7 @@ def file_reasons(wanted: Wanted) -> list[str]:
     if not stat.S_ISREG(st.st_mode):
         return [f"not a regular file ({kind_of(st.st_mode)})"]
     content: list[str] = []
-    if wanted.checksum is not None and sha1_of_file(wanted.path) != wanted.checksum:
+    if wanted.checksum is not None and content_digest(wanted.path, wanted.checksum) != wanted.checksum:
         content = ["content differs"]
     return content + attribute_reasons(wanted, st)
 

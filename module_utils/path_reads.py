@@ -69,8 +69,14 @@ def stat_of(path: str) -> dict[str, Any]:
 
 
 def sha1_of(path: str) -> str:
-    """The SHA-1 of the file's content, read in chunks; OSError where it cannot be read."""
-    digest = hashlib.sha1()
+    """The SHA-1 of the file's content (ansible.builtin.stat's checksum); OSError where it cannot be read."""
+    return digest_of(path, "sha1")
+
+
+def digest_of(path: str, algorithm: str) -> str:
+    """The hex digest (hashlib's ALGORITHM) of the file's content, read in chunks; OSError where it cannot
+    be read."""
+    digest = hashlib.new(algorithm)
     with open(path, "rb") as content:
         for chunk in iter(lambda: content.read(CHUNK_SIZE), b""):
             digest.update(chunk)

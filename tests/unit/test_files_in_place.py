@@ -91,6 +91,15 @@ def test_owner_and_group_by_numeric_id_and_a_three_digit_mode_are_in_place(confi
     assert result["in_place"] is True and result["differ"] == []
 
 
+def test_a_pinned_sha256_as_get_url_takes_it_compares_the_content(config: Path) -> None:
+    pinned = "sha256:" + hashlib.sha256(CONTENT).hexdigest()
+    assert checked_ok({"path": str(config), "checksum": pinned, "mode": "0644"})["in_place"] is True
+    config.write_bytes(CONTENT + b"# edited\n")
+    result = checked_ok({"path": str(config), "checksum": pinned})
+    assert result["differ"] == [str(config)]
+    assert result["reasons"] == {str(config): ["content differs"]}
+
+
 def test_without_checksum_the_content_is_not_compared(config: Path) -> None:
     config.write_bytes(b"anything else\n")
     assert checked_ok({"path": str(config)})["in_place"] is True
@@ -301,6 +310,10 @@ def test_check_mode_gives_the_same_result_and_changes_nothing(config: Path, tmp_
         sha1(CONTENT) + "0",
         "g" * 40,
         hashlib.sha256(CONTENT).hexdigest(),
+        "sha256:" + hashlib.sha256(CONTENT).hexdigest().upper(),
+        "sha256:" + sha1(CONTENT),
+        "md5:" + hashlib.md5(CONTENT).hexdigest(),
+        "sha1:" + sha1(CONTENT),
     ],
 )
 def test_a_bad_checksum_names_the_entry(config: Path, checksum: str) -> None:
@@ -354,10 +367,10 @@ def test_a_duplicate_path_names_both_entries(config: Path, second: str) -> None:
 
 
 def test_a_bad_entry_fails_before_any_path_is_read(config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def no_reading(path: str) -> str:
+    def no_reading(path: str, checksum: str) -> str:
         raise AssertionError(f"read {path} before validating every entry")
 
-    monkeypatch.setattr(files_in_place, "sha1_of_file", no_reading)
+    monkeypatch.setattr(files_in_place, "content_digest", no_reading)
     msg = failure({"path": str(config), "checksum": sha1(CONTENT)}, {"path": "relative"})
     assert msg.startswith("files[1].path: ")
 
