@@ -33,6 +33,15 @@ options:
     type: list
     elements: dict
     required: true
+  all_of:
+    description:
+      - Kinds read whole, each with one list call, every object of it in RV(resources) whatever its name:
+        the Nodes, or the EndpointSlices of a namespace, where a role reads what the cluster has rather than
+        what it renders. A kind both here and in O(objects), under the same namespace, is read once, whole.
+      - Each gives C(apiVersion) and C(kind), and C(namespace) for a namespaced kind.
+    type: list
+    elements: dict
+    default: []
   kubeconfig:
     description: The kubeconfig to reach the API server with.
     type: path
@@ -73,8 +82,9 @@ RETURN = r"""
 resources:
   description:
     - The live objects, each with its C(apiVersion) and C(kind) (a list call leaves them out of its items), in
-      the order of the kinds first met in O(objects).
-    - Only objects whose name is rendered under that kind and namespace.
+      the order of the kinds first met in O(objects), then O(all_of).
+    - Only objects whose name is rendered under that kind and namespace, and every object of a kind in
+      O(all_of).
   returned: always
   type: list
   elements: dict
@@ -105,8 +115,8 @@ except ImportError as error:  # reported by main()
 else:
     KUBERNETES_IMPORT_ERROR = None
 
-# (apiVersion, kind, namespace) -> the rendered names under it
-Kinds = dict[tuple[str, str, str], list[str]]
+# (apiVersion, kind, namespace) -> the rendered names under it; None: every object of the kind (option all_of)
+Kinds = dict[tuple[str, str, str], list[str] | None]
 
 
 def kinds_of(objects: list[Mapping[str, Any]]) -> Kinds:
@@ -123,8 +133,22 @@ def kinds_of(objects: list[Mapping[str, Any]]) -> Kinds:
             )
         namespace = str(metadata.get("namespace") or "")
         names = kinds.setdefault((api_version, kind, namespace), [])
-        if name not in names:
+        if names is not None and name not in names:
             names.append(name)
+    return kinds
+
+
+def with_whole_kinds(kinds: Kinds, all_of: list[Mapping[str, Any]]) -> Kinds:
+    """KINDS with each kind of ALL_OF read whole (None for its names); ValueError names the entry whose
+    apiVersion or kind is missing."""
+    for index, entry in enumerate(all_of):
+        api_version, kind, namespace = entry.get("apiVersion"), entry.get("kind"), entry.get("namespace")
+        if not (isinstance(api_version, str) and isinstance(kind, str)):
+            raise ValueError(
+                f"all_of[{index}] must set apiVersion and kind as strings; got apiVersion {api_version!r}, "
+                f"kind {kind!r}"
+            )
+        kinds[(api_version, kind, str(namespace or ""))] = None
     return kinds
 
 
@@ -147,11 +171,13 @@ def read_live(client: Any, kinds: Kinds) -> tuple[list[dict[str, Any]], int]:
         except ResourceNotFoundError:
             continue  # not served (a CRD not created yet): nothing of it is live
         if resource.namespaced and not namespace:
+            if names is None:
+                raise ValueError(f"all_of: {kind} ({api_version}) is namespaced: set its namespace")
             raise ValueError(f"{kind} {names[0]} ({api_version}) is namespaced: set its metadata.namespace")
         scope = {"namespace": namespace} if resource.namespaced else {}
         reads += 1
         try:
-            if len(names) == 1:
+            if names is not None and len(names) == 1:
                 found = [resource.get(name=names[0], **scope).to_dict()]
             else:
                 found = resource.get(**scope).to_dict().get("items") or []
@@ -162,11 +188,10 @@ def read_live(client: Any, kinds: Kinds) -> tuple[list[dict[str, Any]], int]:
             raise RuntimeError(
                 f"reading {kind} ({api_version}){where} failed: {error.status} {error.reason}: {error.body}"
             ) from error
-        wanted = set(names)
         resources += [
             without_managed_fields(obj, api_version, kind)
             for obj in found
-            if (obj.get("metadata") or {}).get("name") in wanted
+            if names is None or (obj.get("metadata") or {}).get("name") in names
         ]
     return resources, reads
 
@@ -175,6 +200,7 @@ def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "objects": {"type": "list", "elements": "dict", "required": True},
+            "all_of": {"type": "list", "elements": "dict", "default": []},
             "kubeconfig": {"type": "path", "required": True},
         },
         supports_check_mode=True,
@@ -182,7 +208,7 @@ def main() -> None:
     if KUBERNETES_IMPORT_ERROR is not None:
         module.fail_json(msg=missing_required_lib("kubernetes"), exception=str(KUBERNETES_IMPORT_ERROR))
     try:
-        kinds = kinds_of(module.params["objects"])
+        kinds = with_whole_kinds(kinds_of(module.params["objects"]), module.params["all_of"])
         api = k8s_config.new_client_from_config(config_file=module.params["kubeconfig"])
         resources, reads = read_live(dynamic.DynamicClient(api), kinds)
     except (ValueError, RuntimeError) as error:

@@ -399,6 +399,46 @@ def test_the_module_gets_a_lone_object_by_name_and_skips_unserved_kinds(
     ]
 
 
+def test_the_module_reads_a_kind_of_all_of_whole_with_one_list_call(
+    kube_control_plane: real_kube.ControlPlane,
+) -> None:
+    """all_of: every Namespace and every ConfigMap of kube-system, whatever their names, beside a rendered
+    ConfigMap of kube-system (read once, whole) and a lone rendered object of another kind."""
+    objects = [
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "absent", "namespace": "kube-system"}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "view"}},
+    ]
+    all_of = [
+        {"apiVersion": "v1", "kind": "Namespace"},
+        {"apiVersion": "v1", "kind": "ConfigMap", "namespace": "kube-system"},
+    ]
+    failed, result = run_module(
+        k8s_live_objects,
+        {"objects": objects, "all_of": all_of, "kubeconfig": str(kube_control_plane.admin_kubeconfig)},
+    )
+    assert not failed, result
+    assert result["reads"] == 3  # ConfigMaps of kube-system (one list), the ClusterRole, the Namespaces
+    read = [(o["kind"], o["metadata"]["name"]) for o in result["resources"]]
+    for kind, namespace in (("configmap", ["-n", "kube-system"]), ("namespace", [])):
+        listed = kube_control_plane.kubectl("get", kind, *namespace, "-o", "json")
+        assert listed.returncode == 0, listed.stderr
+        names = sorted(item["metadata"]["name"] for item in json.loads(listed.stdout)["items"])
+        assert names and sorted(name for k, name in read if k.lower() == kind) == names
+    assert ("ClusterRole", "view") in read  # the API server's own
+
+
+def test_the_module_refuses_a_whole_kind_it_cannot_place(kube_control_plane: real_kube.ControlPlane) -> None:
+    for entry, says in (
+        ({"apiVersion": "v1", "kind": "ConfigMap"}, "all_of: ConfigMap (v1) is namespaced"),
+        ({"kind": "Node"}, "all_of[0] must set apiVersion and kind"),
+    ):
+        failed, result = run_module(
+            k8s_live_objects,
+            {"objects": [], "all_of": [entry], "kubeconfig": str(kube_control_plane.admin_kubeconfig)},
+        )
+        assert failed and says in result["msg"], result
+
+
 @pytest.mark.parametrize(
     ("obj", "says"),
     [

@@ -174,30 +174,29 @@ def test_the_role_decides_who_gets_a_new_kubeconfig_and_says_why(
         "none": "",
     }
     b64 = base64.b64encode
-    results = [
-        {
-            "item": {
-                "item": name,
-                "ansible_facts": {"getent_passwd": {name: ["x", "1", "1", "", f"/home/{name}"]}},
-            },
-            **(
-                {"content": b64(text.encode()).decode()}
-                if text
-                else {"failed": False, "msg": "file not found"}
-            ),
-        }
-        for name, text in found.items()
+    entries = [
+        {"item": name, "ansible_facts": {"getent_passwd": {name: ["x", "1", "1", "", f"/home/{name}"]}}}
+        for name in found
     ]
+    # as the role's one read answers: each kubeconfig's content, {} for one that is missing
+    slurped = {
+        f"/home/{name}/.kube/config": {"content": b64(text.encode()).decode()} if text else {}
+        for name, text in found.items()
+    }
+    slurped["/etc/kubernetes/pki/ca.crt"] = {"content": b64(ca.encode()).decode()}
     tasks = yaml.safe_load((ROOT / "roles/kubeadm_control_plane/tasks/operator-kubeconfigs.yml").read_text())
     (decide,) = [t for t in tasks if t["name"].startswith("Decide which operators")]
+    role_vars = yaml.safe_load((ROOT / "roles/kubeadm_control_plane/vars/main.yml").read_text())
+    accounts = role_vars["__kubeadm_control_plane_operator_accounts"]
     play = [
         {
             "hosts": "localhost",
             "gather_facts": False,
             "vars": {
-                "__kubeadm_control_plane_operator_kubeconfigs": {"results": results},
-                "__kubeadm_control_plane_ca": {"content": b64(ca.encode()).decode()},
-                "__kubeadm_control_plane_admin_conf": {"stat": {"exists": True}},
+                "__kubeadm_control_plane_operator_entries": {"results": entries},
+                "__kubeadm_control_plane_operator_accounts": accounts,
+                "__kubeadm_control_plane_operator_reads": {"slurp": slurped},
+                "__kubeadm_control_plane_has_cluster": True,
                 "kubeadm_control_plane_operator_cert_renew_days": 30,
             },
             "tasks": [
