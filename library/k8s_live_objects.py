@@ -93,6 +93,13 @@ resources:
       kind: ConfigMap
       metadata: {name: llm-gateway, namespace: serving}
       data: {routes.json: "{}"}
+server:
+  description:
+    - The API server's URL the module read from, as the kubeconfig gives it (its current context's cluster).
+      Never a credential.
+  returned: always
+  type: str
+  sample: https://10.0.0.11:6443
 reads:
   description: How many GET or list calls the module made.
   returned: always
@@ -215,7 +222,7 @@ def main() -> None:
         module.fail_json(msg=str(error))
     except ConfigException as error:
         module.fail_json(msg=f"kubeconfig {module.params['kubeconfig']}: {error}")
-    module.exit_json(changed=False, resources=resources, reads=reads)
+    module.exit_json(changed=False, resources=resources, reads=reads, server=api.configuration.host)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from typing import Any
 import k8s_live_objects
 import pytest
 import real_kube
+import yaml
 from conftest import run_module
 from manifests_render import calico_objects
 
@@ -390,6 +391,8 @@ def test_the_module_gets_a_lone_object_by_name_and_skips_unserved_kinds(
     ]
     result = read_with_module(kube_control_plane, objects)
     assert result["reads"] == 2  # the Namespace and the ConfigMap; Widget is not served
+    kubeconfig = yaml.safe_load(kube_control_plane.admin_kubeconfig.read_text())
+    assert result["server"] == kubeconfig["clusters"][0]["cluster"]["server"]
     assert [(o["apiVersion"], o["kind"], o["metadata"]["name"]) for o in result["resources"]] == [
         ("v1", "Namespace", "kube-system")
     ]
