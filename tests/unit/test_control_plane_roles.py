@@ -1,10 +1,15 @@
 """Roles etcd_backup and control_plane_metrics: bad values refused by their validation, naming the variable,
 before anything changes (ansible-playbook on this machine, the inventory's shape of the lab); the settings and
-units the roles write are what their programs read (role_render: the roles' own defaults and templates)."""
+units the roles write are what their programs read (role_render: the roles' own defaults and templates);
+and etcd_backup's gates on its reads: a task skipped for what a read found is one the real module leaves as
+it is (known_hosts, authorized_key), a file read answers as the command it replaces (rrsync's -no-del,
+grep), and the tools run again wherever they are not as recorded after they ran."""
 
 from __future__ import annotations
 
 import ast
+import base64
+import hashlib
 import json
 import os
 import re
@@ -13,7 +18,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import ansible.modules.known_hosts as real_known_hosts
+import files_in_place
 import pytest
+import yaml
+from ansible_collections.ansible.posix.plugins.modules import authorized_key as real_authorized_key
+from conftest import run_module
 from playbook_text import flat
 from role_render import RoleVars
 
@@ -50,11 +60,13 @@ def inventory(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def validate(inventory: Path, tmp_path: Path, **values: Any) -> subprocess.CompletedProcess[str]:
-    """The two roles' validation on the control plane, as playbooks/kubernetes.yml's first play runs it."""
+def validate(
+    inventory: Path, tmp_path: Path, hosts: str = "control_plane", **values: Any
+) -> subprocess.CompletedProcess[str]:
+    """The two roles' validation on HOSTS, as playbooks/kubernetes.yml's first play runs it."""
     playbook = tmp_path / "validate.yml"
     playbook.write_text(
-        "- hosts: control_plane\n  gather_facts: false\n  tasks:\n"
+        f"- hosts: {hosts}\n  gather_facts: false\n  tasks:\n"
         "    - ansible.builtin.include_role:\n        name: '{{ item }}'\n        tasks_from: validate\n"
         "      loop: [control_plane_metrics, etcd_backup]\n"
     )
@@ -117,6 +129,17 @@ def test_bad_values_are_refused_naming_the_variable(
     done = validate(inventory, tmp_path, **values)
     assert done.returncode != 0
     assert named in flat(done.stdout), done.stdout[-3000:]
+
+
+def test_the_schedule_is_checked_where_a_timer_gets_it(inventory: Path, tmp_path: Path) -> None:
+    """On the whole cluster, as the stage's validation play runs: the control plane (its timer) and the
+    node that receives its copies (the prune timer) refuse a schedule systemd does not read; the other
+    worker, which gets no timer of the role, does not run systemd-analyze."""
+    done = validate(inventory, tmp_path, hosts="k8s_cluster", etcd_backup_on_calendar="every hour")
+    out = flat(done.stdout)
+    for host in ("gpu-node-1", "gpu-node-2"):
+        assert re.search(rf"fatal: \[{host}\].*?is not a systemd calendar", out), done.stdout[-3000:]
+    assert re.search(r"gpu-node-3 : ok=\d+ changed=0 unreachable=0 failed=0", out), done.stdout[-3000:]
 
 
 def program_keys(script: Path) -> set[str]:
@@ -211,3 +234,229 @@ def test_the_units_run_the_programs_with_what_they_take() -> None:
         assert helped.returncode == 0, helped.stderr
         for flag in (a for a in argv[3:] if a.startswith("--")):
             assert re.search(rf"(^|\s){re.escape(flag)}\b", helped.stdout), f"{argv[2]} takes no {flag}"
+
+
+# ------------------------------------------------------------------------- the gates on etcd_backup's reads
+def b64(data: str | bytes) -> str:
+    return base64.b64encode(data.encode() if isinstance(data, str) else data).decode()
+
+
+def ed25519_public(tmp_path: Path, name: str) -> str:
+    """A real ed25519 public key, `ssh-ed25519 <key>` (as openssh_keypair returns it, and the host key's fact
+    without its type)."""
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "", "-f", str(tmp_path / name)], check=True
+    )
+    return " ".join((tmp_path / f"{name}.pub").read_text().split()[:2])
+
+
+def copy_role(host_facts: dict[str, Any] | None = None, **overrides: Any) -> RoleVars:
+    """etcd_backup on the control plane with what earlier tasks registered (OVERRIDES), the copy node's facts
+    HOST_FACTS."""
+    hostvars: dict[str, Any] = {name: {"node_ip": ip} for name, ip in HOSTS.items()}
+    hostvars["gpu-node-2"]["ansible_facts"] = host_facts or {}
+    return RoleVars(
+        "etcd_backup",
+        inventory_hostname="gpu-node-1",
+        node_ip=HOSTS["gpu-node-1"],
+        groups={"control_plane": ["gpu-node-1"], "workers": ["gpu-node-2", "gpu-node-3"]},
+        hostvars=hostvars,
+        control_plane_metrics_dir="/var/lib/control-plane-metrics",
+        **overrides,
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "no_del"),
+    [
+        (b"#!/usr/bin/env python3\n# -no-del  Disable rsync's --delete* and --remove* options\n", True),
+        (b"#!/usr/bin/perl\n# usage: rrsync [-ro|-wo] SUBDIR\n", False),
+        (b"no_del, no-\ndel, nodel\n", False),
+        (b"\x7fELF\x02\xff\xfe binary with no-del in it\x00\n", True),
+        (b"", False),
+    ],
+)
+def test_rrsync_no_del_is_read_as_grep_finds_it(tmp_path: Path, text: bytes, no_del: bool) -> None:
+    """The -no-del verdict from the receiving node's read (files_in_place's slurp) is grep -q -e no-del's."""
+    rrsync = tmp_path / "rrsync"
+    rrsync.write_bytes(text)
+    grep = subprocess.run(["grep", "-q", "-e", "no-del", str(rrsync)], check=False).returncode
+    assert grep in (0, 1)
+    failed, read = run_module(files_in_place, {"slurp": [str(rrsync)]})
+    assert not failed, read["msg"]
+    role = copy_role(__model_sync_rrsync=str(rrsync), __etcd_backup_copy_state=read)
+    assert role["__etcd_backup_rrsync_no_del"] is no_del is (grep == 0)
+    assert (" -wo -no-del " if no_del else " -wo /") in role["__etcd_backup_copy_key_options"]
+
+
+def test_no_rrsync_chosen_no_no_del() -> None:
+    role = copy_role(__model_sync_rrsync="", __etcd_backup_copy_state={"slurp": {}})
+    assert role["__etcd_backup_rrsync_no_del"] is False
+
+
+def authorized_key_changes(role: RoleVars, keys: Path) -> tuple[bool, str]:
+    """The real authorized_key task of copy-to-node.yml over KEYS, in check mode: whether it changes it, and
+    what it would write."""
+    failed, result = run_module(
+        real_authorized_key,
+        {
+            "user": "root",
+            "path": str(keys),
+            "key": role["__etcd_backup_keypair.public_key"],
+            "key_options": role["__etcd_backup_copy_key_options"],
+            "exclusive": True,
+            "manage_dir": True,
+        },
+        check_mode=True,
+        diff=True,
+    )
+    assert not failed, result["msg"]
+    return result.get("changed", False), result.get("diff", {}).get("after", "")
+
+
+def key_role(
+    tmp_path: Path, public_key: str, content: str | None, rrsync: str = "/usr/bin/rrsync"
+) -> RoleVars:
+    keys = tmp_path / "authorized_keys"
+    keys.unlink(missing_ok=True)
+    if content is not None:
+        keys.write_text(content)
+    read = {
+        "slurp": {"/var/lib/etcdbackup/.ssh/authorized_keys": {"content": b64(content)} if content else {}}
+    }
+    read["slurp"][rrsync] = {"content": b64("# -no-del\n")}
+    return copy_role(
+        __model_sync_rrsync=rrsync,
+        __etcd_backup_keypair={"public_key": public_key},
+        __etcd_backup_copy_state=read,
+    )
+
+
+def test_the_key_is_authorized_only_where_authorized_keys_holds_other_than_its_line(tmp_path: Path) -> None:
+    public_key = ed25519_public(tmp_path, "copy")
+    keys = tmp_path / "authorized_keys"
+    # what the task writes into an empty file is what the gate calls in place, and the module then leaves it
+    role = key_role(tmp_path, public_key, None)
+    assert role["__etcd_backup_copy_key_in_place"] is False
+    changed, written = authorized_key_changes(role, keys)
+    assert changed and written == role["__etcd_backup_copy_key_line"], written
+    role = key_role(tmp_path, public_key, written)
+    assert role["__etcd_backup_copy_key_in_place"] is True
+    assert authorized_key_changes(role, keys)[0] is False
+    # anything else there: the gate lets the task run (which may or may not change it)
+    other = ed25519_public(tmp_path, "other")
+    for content in (
+        "# a comment\n" + written,
+        written + "\n",
+        written + other + "\n",
+        written.replace(" -no-del", ""),
+        written.replace(public_key, other),
+        written.rstrip("\n"),
+        written.replace(" \n", "\n"),
+        "",
+    ):
+        assert key_role(tmp_path, public_key, content)["__etcd_backup_copy_key_in_place"] is False, content
+    # options the module reads back otherwise (it joins them with single spaces): never in place
+    spaced = key_role(tmp_path, public_key, written, rrsync="/opt/rr  sync")
+    assert spaced["__etcd_backup_copy_key_in_place"] is False
+
+
+def known_hosts_changes(role: RoleVars, known_hosts: Path) -> tuple[bool, str]:
+    failed, result = run_module(
+        real_known_hosts,
+        {
+            "path": str(known_hosts),
+            "name": HOSTS["gpu-node-2"],
+            "key": role["__etcd_backup_copy_host_key"],
+            "state": "present",
+        },
+        check_mode=True,
+        diff=True,
+    )
+    assert not failed, result["msg"]
+    return result["changed"], result["diff"]["after"]
+
+
+def test_the_host_key_is_trusted_only_where_known_hosts_holds_other_than_its_line(tmp_path: Path) -> None:
+    host_key = ed25519_public(tmp_path, "host").split()[1]
+    known_hosts = tmp_path / "known_hosts"
+
+    def role(content: str | None) -> RoleVars:
+        known_hosts.unlink(missing_ok=True)
+        if content is not None:
+            known_hosts.write_text(content)
+        read = {"/etc/etcd-backup/known_hosts": {"content": b64(content)} if content is not None else {}}
+        return copy_role(
+            host_facts={"ssh_host_key_ed25519_public": host_key}, __etcd_backup_state={"slurp": read}
+        )
+
+    fresh = role(None)
+    assert fresh["__etcd_backup_known_hosts_in_place"] is False
+    changed, written = known_hosts_changes(fresh, known_hosts)
+    assert changed and written == f"{HOSTS['gpu-node-2']} ssh-ed25519 {host_key}\n"
+    converged = role(written)
+    assert converged["__etcd_backup_known_hosts_in_place"] is True
+    assert known_hosts_changes(converged, known_hosts)[0] is False
+    other = ed25519_public(tmp_path, "other").split()[1]
+    for content in (
+        "",
+        written.replace(host_key, other),
+        "# x\n" + written,
+        written + written,
+        written.strip(),
+    ):
+        assert role(content)["__etcd_backup_known_hosts_in_place"] is False, content
+
+
+def tools_in_place(tmp_path: Path, *, record: str | None, owner: str = "root") -> bool:
+    """etcd_backup's verdict on its tools in TMP_PATH/bin, over what files_in_place really reads there (the
+    owner and group given as OWNER's: the copy makes them root's; this test runs as whoever it is)."""
+    role = copy_role(__etcd_backup_bin=str(tmp_path / "bin"))
+    tools, record_path = role["__etcd_backup_tools"], role["__etcd_backup_tools_record"]
+    Path(record_path).unlink(missing_ok=True)
+    if record is not None:
+        Path(record_path).write_text(record)
+    failed, read = run_module(files_in_place, {"stat": tools, "slurp": [record_path]})
+    assert not failed, read["msg"]
+    for found in read["stat"].values():
+        if found["exists"]:
+            found["pw_name"] = found["gr_name"] = owner
+    return copy_role(__etcd_backup_bin=str(tmp_path / "bin"), __etcd_backup_state=read)[
+        "__etcd_backup_tools_in_place"
+    ]
+
+
+def recorded(tmp_path: Path) -> str:
+    """The record tasks/tools.yml writes after copying the tools now in TMP_PATH/bin (copy's checksums)."""
+    tasks = yaml.safe_load((ROOT / "roles/etcd_backup/tasks/tools.yml").read_text())
+    (copying,) = [t for t in tasks if "block" in t and t["name"].startswith("Copy the tools")]
+    (task,) = [t for t in copying["block"] if t["name"].startswith("Record their checksums")]
+    role = copy_role(__etcd_backup_bin=str(tmp_path / "bin"))
+    copied = [
+        {"checksum": hashlib.sha1(Path(tool).read_bytes()).hexdigest()}
+        for tool in role["__etcd_backup_tools"]
+    ]
+    role = copy_role(__etcd_backup_bin=str(tmp_path / "bin"), __etcd_backup_tools_copied={"results": copied})
+    return str(role.template(task["ansible.builtin.copy"]["content"]))
+
+
+def test_the_tools_run_again_wherever_they_are_not_as_recorded(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("etcdctl", "etcdutl"):
+        (bin_dir / name).write_bytes(name.encode() * 1000)
+        (bin_dir / name).chmod(0o755)
+    record = recorded(tmp_path)
+    assert record.endswith("\n") and record.count("\n") == 2
+    assert subprocess.run(["sha1sum", "-c", "--quiet", "-"], input=record, text=True).returncode == 0
+    assert tools_in_place(tmp_path, record=record) is True
+    assert tools_in_place(tmp_path, record=None) is False
+    assert tools_in_place(tmp_path, record=record.replace("etcdutl\n", "etcdutl\nextra\n")) is False
+    assert tools_in_place(tmp_path, record=record, owner="nobody") is False
+    (bin_dir / "etcdutl").chmod(0o644)
+    assert tools_in_place(tmp_path, record=record) is False
+    (bin_dir / "etcdutl").chmod(0o755)
+    (bin_dir / "etcdutl").write_bytes(b"changed")
+    assert tools_in_place(tmp_path, record=record) is False
+    (bin_dir / "etcdutl").unlink()
+    assert tools_in_place(tmp_path, record=record) is False
