@@ -44,17 +44,41 @@ def doc_copy(tmp_path: Path, content: bytes = PERL_RRSYNC) -> None:
     Path(paths(tmp_path)["__model_sync_rrsync_installed"]).parent.mkdir(parents=True, exist_ok=True)
 
 
-def run(tmp_path: Path, *extra: str, **variables: object) -> tuple[int, str, str]:
-    """rrsync.yml on localhost; returns rc, the chosen rrsync (or '') and the output on one line."""
+def run(tmp_path: Path, *extra: str, role_read: bool = False, **variables: object) -> tuple[int, str, str]:
+    """rrsync.yml on localhost; returns rc, the chosen rrsync (or '') and the output on one line.
+
+    Entered alone (tasks_from, as etcd_backup enters it), or with ROLE_READ as the role runs it
+    (authorize-source.yml): after the role's read of the same paths (prepare-nodes.yml), rsync not installed
+    since. The output says whether rrsync.yml's own read (LOOKED) and the decompress task (INSTALLED) ran."""
     (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": {"gpu-node-2": None}}}))
+    role = {"name": "model_sync", "tasks_from": "rrsync"}
+    include: dict[str, object] = {"ansible.builtin.include_role": role}
+    read: list[dict[str, object]] = []
+    if role_read:
+        found = paths(tmp_path)
+        read = [
+            {
+                "name": "Read as the role does",
+                "files_in_place": {
+                    "stat": list(found.values()),
+                    "slurp": [found["__model_sync_rrsync_doc_copy"]],
+                },
+                "register": "__model_sync_found",
+            }
+        ]
+        include["vars"] = {
+            "__model_sync_rrsync_read": "{{ __model_sync_found }}",
+            "__model_sync_rsync_package": {"changed": False, "skipped": True},
+        }
+    said = (
+        "CHOSEN={{ __model_sync_rrsync }} LOOKED={{ __model_sync_rrsync_look is not skipped }}"
+        " INSTALLED={{ __model_sync_rrsync_install is not skipped }}"
+    )
     play = [
         {
             "hosts": "gpu-node-2",
             "gather_facts": False,
-            "tasks": [
-                {"ansible.builtin.include_role": {"name": "model_sync", "tasks_from": "rrsync"}},
-                {"name": "Chosen", "ansible.builtin.debug": {"msg": "CHOSEN={{ __model_sync_rrsync }}"}},
-            ],
+            "tasks": [*read, include, {"name": "Chosen", "ansible.builtin.debug": {"msg": said}}],
         }
     ]
     (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
@@ -89,6 +113,11 @@ def changed(out: str) -> int:
     return int(re.search(r"changed=(\d+)", out).group(1))  # type: ignore[union-attr]
 
 
+def ran(out: str, what: str) -> bool:
+    """Whether rrsync.yml's read (LOOKED) or its decompress task (INSTALLED) ran."""
+    return re.search(what + r"=(\w+)", out).group(1) == "True"  # type: ignore[union-attr]
+
+
 def test_the_packages_rrsync_is_used_where_it_installs_one(tmp_path: Path) -> None:
     packaged(tmp_path)
     doc_copy(tmp_path)  # rsync 3.2.7 keeps no documentation copy, but one would change nothing
@@ -112,10 +141,32 @@ def test_jammys_documentation_copy_is_installed_and_used(tmp_path: Path) -> None
     assert installed.read_bytes() == PERL_RRSYNC and installed.stat().st_mode & 0o777 == 0o755
     rc, _, out = run(tmp_path)
     assert rc == 0 and changed(out) == 0, out[-3000:]
+    # installed as the documentation copy holds it: the decompress task does not run again
+    assert ran(out, "LOOKED") and not ran(out, "INSTALLED"), out[-3000:]
     # an rsync update that changes the documentation copy updates the installed script
     doc_copy(tmp_path, PERL_RRSYNC + b"# updated\n")
     rc, _, out = run(tmp_path)
     assert rc == 0 and changed(out) == 1 and installed.read_bytes().endswith(b"# updated\n"), out[-3000:]
+
+
+def test_run_by_the_role_its_read_decides_and_drift_is_put_right(tmp_path: Path) -> None:
+    """As authorize-source.yml runs it: no second read, and the copy installed from the documentation is
+    decompressed again only where it differs from it (content, mode)."""
+    doc_copy(tmp_path)
+    installed = Path(paths(tmp_path)["__model_sync_rrsync_installed"])
+    rc, chosen, out = run(tmp_path, role_read=True)
+    assert rc == 0 and chosen == str(installed), out[-3000:]
+    assert ran(out, "INSTALLED") and not ran(out, "LOOKED"), out[-3000:]
+    rc, chosen, out = run(tmp_path, role_read=True)
+    assert rc == 0 and chosen == str(installed) and changed(out) == 0, out[-3000:]
+    assert not ran(out, "INSTALLED") and not ran(out, "LOOKED"), out[-3000:]
+    rc, _, out = run(tmp_path, "--check", role_read=True)
+    assert rc == 0 and changed(out) == 0, out[-3000:]
+    for drift in (lambda: installed.write_bytes(PERL_RRSYNC + b"# edited\n"), lambda: installed.chmod(0o700)):
+        drift()
+        rc, chosen, out = run(tmp_path, role_read=True)
+        assert rc == 0 and chosen == str(installed) and changed(out) == 1, out[-3000:]
+        assert installed.read_bytes() == PERL_RRSYNC and installed.stat().st_mode & 0o777 == 0o755
 
 
 def test_the_installed_copy_goes_once_the_package_installs_rrsync(tmp_path: Path) -> None:

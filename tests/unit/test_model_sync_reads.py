@@ -1,0 +1,446 @@
+"""roles/model_sync reads once, in prepare-nodes.yml's files_in_place call, what its later tasks decide on,
+and skips a task whose module runs whole to decide only where that task would change nothing. Each verdict
+of roles/model_sync/filter_plugins/model_sync_reads.py is held here to the real module it stands for:
+community.general.decompress (rrsync from its documentation copy), ansible.builtin.known_hosts (with the
+real ssh-keygen) and ansible.posix.authorized_key, on files read as the role reads them
+(module_utils/path_reads.py, files_in_place's stat and slurp). Then the role's own expressions: the paths it
+reads are the ones its tasks name, and `current` is switched and pruned around as before. rrsync end to
+end: test_model_sync_rrsync.py."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import hashlib
+import importlib.util
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
+from ansible.module_utils.path_reads import slurp_of, stat_of
+from ansible.modules import known_hosts as known_hosts_module
+from ansible.plugins.loader import filter_loader, init_plugin_loader
+from ansible.utils.collection_loader import AnsibleCollectionConfig
+from ansible_collections.ansible.posix.plugins.modules import authorized_key as authorized_key_module
+from ansible_collections.community.general.plugins.modules import decompress as decompress_module
+from role_render import RoleVars
+
+ROOT = Path(__file__).resolve().parents[2]
+ROLE = ROOT / "roles/model_sync"
+PERL_RRSYNC = b"#!/usr/bin/perl\n# rrsync of rsync 3.2.3 (stand-in)\nprint 'ok';\n"
+SYNC_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeSyncKeyOfTheSourceNodeModelSync000000"
+OPTIONS = 'restrict,from="10.89.42.11",command="/usr/local/bin/rrsync -wo /models/.incoming"'
+
+
+def reads() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "model_sync_reads", ROLE / "filter_plugins/model_sync_reads.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+READS = reads()
+
+
+class Shim:
+    """What the three modules' functions use of AnsibleModule, on this machine."""
+
+    check_mode = False
+    _diff = False
+    tmpdir = "/tmp"
+
+    def fail_json(self, **kwargs: Any) -> None:
+        raise AssertionError(kwargs)
+
+    def run_command(self, argv: list[str], check_rc: bool = False) -> tuple[int, str, str]:
+        done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        return done.returncode, done.stdout, done.stderr
+
+    def atomic_move(self, source: str, dest: str) -> None:
+        shutil.move(source, dest)
+
+    def add_cleanup_file(self, path: str) -> None:
+        pass
+
+    def selinux_enabled(self) -> bool:
+        return False
+
+
+def content(path: Path) -> str:
+    return str(slurp_of(str(path)).get("content", ""))
+
+
+# ------------------------------------------------------------------ rrsync's documentation copy, decompressed
+
+
+def decompressed(gz: Path, dest: Path) -> bytes:
+    """What community.general.decompress writes from GZ (its own function and handler)."""
+    decompress_module.decompress(str(gz).encode(), str(dest).encode(), decompress_module.gzip_decompress)
+    return dest.read_bytes()
+
+
+@pytest.mark.parametrize(
+    "packed",
+    [
+        gzip.compress(PERL_RRSYNC),
+        gzip.compress(PERL_RRSYNC[:20]) + gzip.compress(PERL_RRSYNC[20:]),  # two members
+        gzip.compress(PERL_RRSYNC) + b"\0" * 16,  # padded with zeroes
+        gzip.compress(b""),
+    ],
+    ids=["one-member", "two-members", "zero-padded", "empty-script"],
+)
+def test_the_digest_is_that_of_what_decompress_writes(tmp_path: Path, packed: bytes) -> None:
+    gz = tmp_path / "rrsync.gz"
+    gz.write_bytes(packed)
+    written = decompressed(gz, tmp_path / "rrsync")
+    assert READS.gunzipped_sha1(content(gz)) == hashlib.sha1(written).hexdigest()
+    assert stat_of(str(tmp_path / "rrsync"))["checksum"] == READS.gunzipped_sha1(content(gz))
+
+
+@pytest.mark.parametrize("value", ["", None, "not base64!", base64.b64encode(b"not gzip").decode()])
+def test_what_is_not_a_gzip_file_matches_no_checksum(value: Any) -> None:
+    assert READS.gunzipped_sha1(value) == ""
+
+
+def rrsync_in_place(tmp_path: Path, installed: bytes | None, mode: int = 0o755) -> bool:
+    """__model_sync_rrsync_installed_in_place, rendered on the read of TMP_PATH's copies."""
+    doc, dest = tmp_path / "rrsync.gz", tmp_path / "rrsync"
+    doc.write_bytes(gzip.compress(PERL_RRSYNC))
+    if installed is not None:
+        dest.write_bytes(installed)
+        dest.chmod(mode)
+    found = {"stat": {str(p): stat_of(str(p)) for p in (doc, dest)}, "slurp": {str(doc): slurp_of(str(doc))}}
+    role = role_vars(
+        __model_sync_rrsync_doc_copy=str(doc),
+        __model_sync_rrsync_installed=str(dest),
+        __model_sync_rrsync_read=found,
+        __model_sync_rrsync_look={"skipped": True, "changed": False},
+    )
+    return bool(role.when("__model_sync_rrsync_installed_in_place | bool"))
+
+
+def test_the_installed_copy_is_in_place_only_as_decompress_leaves_it(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the installed copy is root's: run as root")
+    assert rrsync_in_place(tmp_path, PERL_RRSYNC)
+    assert not rrsync_in_place(tmp_path, PERL_RRSYNC + b"# edited\n")
+    assert not rrsync_in_place(tmp_path, PERL_RRSYNC, mode=0o644)
+    assert not rrsync_in_place(tmp_path, b"")
+    (tmp_path / "rrsync").unlink()
+    assert not rrsync_in_place(tmp_path, None)
+
+
+# ------------------------------------------------------------------ known_hosts
+
+
+def known_hosts_changes(path: Path, name: str, key: str) -> bool:
+    """Whether ansible.builtin.known_hosts (state present, hash_host false) would change PATH: its own
+    search_for_host_key, with the real ssh-keygen."""
+    found, replace_or_add, _ = known_hosts_module.search_for_host_key(
+        Shim(), name.lower(), key + "\n", str(path), shutil.which("ssh-keygen")
+    )
+    return replace_or_add or not found
+
+
+@pytest.fixture(scope="module")
+def host_keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Real public host keys (ssh-keygen reads them): the node's, another ed25519 one, an ECDSA one."""
+    folder = tmp_path_factory.mktemp("host-keys")
+    keys = {}
+    for name, kind in (("host", "ed25519"), ("other", "ed25519"), ("ecdsa", "ecdsa")):
+        subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-f", str(folder / name)], check=True)
+        keys[name] = (folder / f"{name}.pub").read_text().split()[1]
+    return keys
+
+
+NODE = "10.89.42.12"
+KNOWN_HOSTS = {
+    "the-line": ("{wanted}\n", True),
+    "among-others": ("10.89.42.13 ssh-ed25519 {other}\n{wanted}\n10.89.42.14 ssh-ed25519 {other}\n", True),
+    "ecdsa-line-first": ("10.89.42.12 ecdsa-sha2-nistp256 {ecdsa}\n{wanted}\n", True),
+    "with-a-comment": ("# the nodes\n\n{wanted} root@gpu-node-2\n", True),
+    "no-final-line-break": ("{wanted}", True),
+    "missing": ("", False),
+    "other-host": ("10.89.42.13 ssh-ed25519 {host}\n", False),
+    "other-key": ("10.89.42.12 ssh-ed25519 {other}\n", False),
+    "stale-key-first": ("10.89.42.12 ssh-ed25519 {other}\n{wanted}\n", False),
+    "listed-with-a-name": ("10.89.42.12,gpu-node-2 ssh-ed25519 {host}\n", False),
+    "name-list-first": ("gpu-node-2,10.89.42.12 ssh-ed25519 {other}\n{wanted}\n", False),
+    "pattern-first": ("10.89.42.* ssh-ed25519 {other}\n{wanted}\n", False),
+    "marker-first": ("@revoked 10.89.42.12 ssh-ed25519 {other}\n{wanted}\n", False),
+    "not-utf8": ("# \udcff\n{wanted}\n", False),
+}
+
+
+@pytest.mark.parametrize("name", list(KNOWN_HOSTS))
+def test_a_known_host_is_in_place_only_where_the_module_changes_nothing(
+    tmp_path: Path, host_keys: dict[str, str], name: str
+) -> None:
+    wanted = f"{NODE} ssh-ed25519 {host_keys['host']}"
+    text, in_place = KNOWN_HOSTS[name]
+    path = tmp_path / "known_hosts"
+    if text:
+        path.write_bytes(text.format(wanted=wanted, **host_keys).encode("utf-8", "surrogateescape"))
+    verdict = READS.known_host_in_place(content(path), NODE, wanted)
+    assert verdict is in_place
+    if verdict:
+        assert not known_hosts_changes(path, NODE, wanted)
+    elif text and name not in ("pattern-first", "marker-first", "not-utf8"):
+        # plain files: "differs" is where the module changes the file too (nothing run for nothing)
+        assert known_hosts_changes(path, NODE, wanted)
+
+
+# ------------------------------------------------------------------ authorized_keys
+
+
+def authorized_key(path: Path, key: str = SYNC_KEY, options: str = OPTIONS, check_mode: bool = False) -> bool:
+    """Run ansible.posix.authorized_key's enforce_state on PATH as the role's task (exclusive, manage_dir), as
+    root; whether it changed the file."""
+    shim = Shim()
+    shim.check_mode = check_mode
+    params: dict[str, Any] = {
+        "user": "root",
+        "key": key,
+        "path": str(path),
+        "manage_dir": True,
+        "state": "present",
+        "key_options": options,
+        "exclusive": True,
+        "comment": None,
+        "follow": False,
+    }
+    return bool(authorized_key_module.enforce_state(shim, params).get("changed"))
+
+
+@pytest.mark.parametrize(
+    "key", [SYNC_KEY, SYNC_KEY + " modelsync@gpu-node-1 model weights sync"], ids=["no-comment", "comment"]
+)
+def test_the_keys_file_the_module_writes_is_in_place_and_nothing_else(tmp_path: Path, key: str) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("authorized_key sets the file's owner: run as root")
+    path = tmp_path / ".ssh/authorized_keys"
+    path.parent.mkdir()
+    assert not READS.authorized_keys_in_place(stat_of(str(path)), key, OPTIONS)
+    assert authorized_key(path, key)
+    assert READS.authorized_keys_in_place(stat_of(str(path)), key, OPTIONS)
+    assert not authorized_key(path, key)
+    # another source address, another rrsync, another key, a line more, a line less: the task runs and changes
+    assert not READS.authorized_keys_in_place(stat_of(str(path)), key, OPTIONS.replace("42.11", "42.21"))
+    assert not READS.authorized_keys_in_place(stat_of(str(path)), key.replace("Fake", "Real"), OPTIONS)
+    written = path.read_text()
+    for drift in (written + "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOther\n", written.replace("restrict,", "")):
+        path.write_text(drift)
+        assert not READS.authorized_keys_in_place(stat_of(str(path)), key, OPTIONS)
+        assert authorized_key(path, key, check_mode=True)
+    path.write_text(written.rstrip("\n"))
+    assert not READS.authorized_keys_in_place(stat_of(str(path)), key, OPTIONS)
+
+
+def test_a_key_the_module_would_refuse_is_never_in_place() -> None:
+    found = {"exists": True, "isreg": True, "checksum": hashlib.sha1(b"").hexdigest()}
+    assert not READS.authorized_keys_in_place(found, "", OPTIONS)
+    assert not READS.authorized_keys_in_place(found, "not-a-type AAAA", OPTIONS)
+    assert not READS.authorized_keys_in_place({"exists": False}, SYNC_KEY, OPTIONS)
+
+
+# ------------------------------------------------------------------ the role's expressions
+
+
+def role_vars(**overrides: Any) -> RoleVars:
+    """The role's variables, with its own filters loaded as a play loads them."""
+    if AnsibleCollectionConfig.collection_finder is None:
+        init_plugin_loader()
+    filter_loader.add_directory(str(ROLE / "filter_plugins"))
+    values: dict[str, Any] = {
+        "inventory_hostname": "gpu-node-2",
+        "model_sync_source_node": "gpu-node-1",
+        "model_sync_root": "/models",
+        "model_sync_user": "modelsync",
+        "model_sync_rrsync_path": "",
+        "ansible_check_mode": False,
+    }
+    return RoleVars("model_sync", **(values | overrides))
+
+
+MODELS = [{"name": "qwen2-tiny", "version": "v1"}, {"name": "llama", "version": "2024-06-06"}]
+
+
+def test_the_read_takes_each_models_paths_as_its_tasks_name_them() -> None:
+    paths = role_vars(model_sync_models=MODELS)["__model_sync_model_paths"]
+    for model, read in zip(MODELS, paths, strict=True):
+        per_model = role_vars(model_sync_models=MODELS, model_sync_model=model)
+        assert read == {
+            "name": model["name"],
+            "version_dir": per_model["__model_sync_version_dir"],
+            "manifest": per_model["__model_sync_manifest"],
+            "current": per_model["__model_sync_dir"] + "/current",
+        }
+    receiver = role_vars(model_sync_models=MODELS)
+    assert set(receiver["__model_sync_read_stat"]) >= {
+        "/models/qwen2-tiny/v1",
+        "/models/llama/2024-06-06.manifest.json",
+        "/models/llama/current",
+        "/usr/bin/rrsync",
+        "/usr/share/doc/rsync/scripts/rrsync.gz",
+        "/usr/local/bin/rrsync",
+        "/var/lib/modelsync/.ssh/authorized_keys",
+    }
+    assert receiver["__model_sync_read_slurp"] == ["/usr/share/doc/rsync/scripts/rrsync.gz"]
+    source = role_vars(model_sync_models=MODELS, inventory_hostname="gpu-node-1")
+    assert source["__model_sync_read_slurp"] == [
+        "/models/qwen2-tiny/v1.manifest.json",
+        "/models/llama/2024-06-06.manifest.json",
+        "/var/lib/modelsync/.ssh/known_hosts",
+    ]
+
+
+def test_the_key_options_are_the_ones_the_lab_checks() -> None:
+    role = role_vars(
+        hostvars={"gpu-node-1": {"__model_sync_address": "10.89.42.11"}},
+        __model_sync_rrsync="/usr/local/bin/rrsync",
+    )
+    assert role["__model_sync_key_options"] == OPTIONS
+
+
+def task(path: str, name: str) -> dict[str, Any]:
+    (found,) = [t for t in yaml.safe_load((ROLE / path).read_text()) if t.get("name") == name]
+    return dict(found)
+
+
+def switch_runs(current: dict[str, Any], version_dir: dict[str, Any]) -> bool:
+    switch = task(
+        "tasks/switch-current.yml", "Point current at the verified version, {{ __model_sync_label }}"
+    )
+    found = {"stat": {"/models/qwen2-tiny/current": current, "/models/qwen2-tiny/v1": version_dir}}
+    return role_vars(model_sync_model=MODELS[0], __model_sync_found=found).when(switch["when"])
+
+
+ROOTS_DIR = {"exists": True, "isdir": True, "islnk": False, "uid": 0, "gid": 0}
+
+
+def test_current_is_switched_unless_the_read_found_it_as_the_link_task_leaves_it() -> None:
+    link = {"exists": True, "islnk": True, "isdir": False, "lnk_target": "v1"}
+    assert not switch_runs(link, ROOTS_DIR)
+    assert switch_runs(link | {"lnk_target": "v0"}, ROOTS_DIR)
+    assert switch_runs(link | {"lnk_target": "/models/qwen2-tiny/v1"}, ROOTS_DIR)
+    assert switch_runs({"exists": True, "islnk": False, "isdir": True, "uid": 0, "gid": 0}, ROOTS_DIR)
+    assert switch_runs({"exists": False}, ROOTS_DIR)
+    # the file task sets owner and group on the link's target, the version's directory
+    assert switch_runs(link, ROOTS_DIR | {"uid": 1001})
+    assert switch_runs(link, ROOTS_DIR | {"gid": 1001})
+    assert switch_runs(link, {"exists": False})
+
+
+def test_pruning_keeps_the_version_current_names() -> None:
+    prune = task(
+        "tasks/prune-versions.yml",
+        "Remove the versions beyond the count kept, of {{ model_sync_model.name }}",
+    )
+    found = {"stat": {"/models/qwen2-tiny/current": {"exists": True, "islnk": True, "lnk_target": "v0"}}}
+    versions = {
+        "files": [
+            {"path": "/models/qwen2-tiny/v0", "ctime": 1.0},
+            {"path": "/models/qwen2-tiny/v1", "ctime": 3.0},
+            {"path": "/models/qwen2-tiny/v-1", "ctime": 0.5},
+            {"path": "/models/qwen2-tiny/v2", "ctime": 2.0},
+        ]
+    }
+
+    def old(check_mode: bool) -> list[str]:
+        role = role_vars(
+            model_sync_model=MODELS[0],
+            model_sync_keep_versions=2,
+            __model_sync_found=found,
+            __model_sync_versions=versions,
+            ansible_check_mode=check_mode,
+            __model_sync_current_version=prune["vars"]["__model_sync_current_version"],
+        )
+        return list(role.template(prune["vars"]["__model_sync_old_versions"]))
+
+    # a real run switched current to the listed version v1 (or found it so): v0 goes, v2 is kept beside it
+    assert old(check_mode=False) == ["/models/qwen2-tiny/v0", "/models/qwen2-tiny/v-1"]
+    # --check switched nothing: current still names v0, as the read found it
+    assert old(check_mode=True) == ["/models/qwen2-tiny/v2", "/models/qwen2-tiny/v-1"]
+
+
+def test_the_source_shares_the_manifests_read_and_those_published_in_this_run() -> None:
+    share = task("tasks/share-manifests.yml", "Mark the source node as published")
+    found = {
+        "slurp": {
+            "/models/qwen2-tiny/v1.manifest.json": {"content": "T0xE"},
+            "/models/llama/2024-06-06.manifest.json": {},
+        }
+    }
+
+    def shared(results: list[dict[str, Any]]) -> Any:
+        role = role_vars(
+            model_sync_models=MODELS,
+            inventory_hostname="gpu-node-1",
+            __model_sync_found=found,
+            __model_sync_manifest_files={"results": results},
+        )
+        return role.template(share["ansible.builtin.set_fact"]["__model_sync_manifest_content"])
+
+    # a model not published yet (--check) has no manifest: its nodes report the sync instead
+    assert shared([]) == {"qwen2-tiny": "T0xE"}
+    # read again once published: the content read now wins over the read's
+    again = [{"item": MODELS[1], "content": "TkVX"}, {"item": MODELS[0], "content": "TkVXRVI="}]
+    assert shared(again) == {"qwen2-tiny": "TkVXRVI=", "llama": "TkVX"}
+
+
+def test_the_key_is_authorized_unless_the_file_holds_exactly_its_line() -> None:
+    authorize = task(
+        "tasks/authorize-source.yml",
+        "Authorize the source node's key for rrsync into {{ __model_sync_incoming }}",
+    )
+    line = f"{OPTIONS} {SYNC_KEY} \n".encode()
+
+    def runs(public_key: str, found: dict[str, Any]) -> bool:
+        role = role_vars(
+            hostvars={
+                "gpu-node-1": {"__model_sync_address": "10.89.42.11", "__model_sync_public_key": public_key}
+            },
+            __model_sync_rrsync="/usr/local/bin/rrsync",
+            __model_sync_found={"stat": {"/var/lib/modelsync/.ssh/authorized_keys": found}},
+        )
+        return role.when(authorize["when"])
+
+    assert not runs(SYNC_KEY, {"exists": True, "isreg": True, "checksum": hashlib.sha1(line).hexdigest()})
+    assert runs(SYNC_KEY, {"exists": True, "isreg": True, "checksum": hashlib.sha1(line + line).hexdigest()})
+    assert runs(SYNC_KEY, {"exists": False})
+    assert not runs("", {"exists": False})  # --check, no key on the source node yet: reported instead
+
+
+def test_a_nodes_host_key_is_trusted_unless_known_hosts_holds_it() -> None:
+    trust = task("tasks/prepare-source.yml", "Trust the other nodes' host keys for the sync account")
+    key = "AAAAC3NzaC1lZDI1NTE5AAAAIE"
+
+    def runs(item: str, known: str | None) -> bool:
+        slurped = {"content": base64.b64encode(known.encode()).decode()} if known is not None else {}
+        role = role_vars(
+            inventory_hostname="gpu-node-1",
+            item=item,
+            hostvars={
+                "gpu-node-2": {
+                    "__model_sync_address": NODE,
+                    "ansible_facts": {"ssh_host_key_ed25519_public": key},
+                },
+                "gpu-node-3": {"ansible_facts": {}},
+            },
+            __model_sync_found={"slurp": {"/var/lib/modelsync/.ssh/known_hosts": slurped}},
+            __model_sync_host_key=trust["vars"]["__model_sync_host_key"],
+        )
+        return role.when(trust["when"])
+
+    assert not runs("gpu-node-2", f"{NODE} ssh-ed25519 {key}\n")
+    assert runs("gpu-node-2", f"{NODE} ssh-ed25519 {key}x\n")
+    assert runs("gpu-node-2", None)
+    assert not runs("gpu-node-3", None)  # no host key gathered: not trusted, not synced to
