@@ -55,8 +55,18 @@ CHANGES = (
 )
 FAKE_DPKG_QUERY = """#!/bin/sh
 # dpkg-query --show --showformat=FORMAT containerd.io, as dpkg answers it for the node's file ../containerd.io
-[ "$3" = containerd.io ] || { echo "unexpected: $*" >&2; exit 2; }
+# ("hi VERSION"); and dpkg-query -W -f FORMAT, every package as packages_in_place reads them (role
+# containerd's check-running-version.yml): dpkg itself, and containerd.io from that file
 state="$(dirname "$0")/../containerd.io"
+if [ "$1" = -W ]; then
+  printf 'dpkg\\tamd64\\t1.21.1ubuntu2.6\\tinstall ok installed\\n'
+  [ -f "$state" ] || exit 0
+  set -- $(cat "$state")
+  case "$1" in hi) want=hold ;; ii) want=install ;; *) echo "unexpected state: $1" >&2; exit 2 ;; esac
+  printf 'containerd.io\\tamd64\\t%s\\t%s ok installed\\n' "$2" "$want"
+  exit 0
+fi
+[ "$3" = containerd.io ] || { echo "unexpected: $*" >&2; exit 2; }
 if [ -f "$state" ]; then printf '%s' "$(cat "$state")"; exit 0; fi
 echo "dpkg-query: no packages found matching containerd.io" >&2
 exit 1
@@ -516,6 +526,20 @@ def test_the_nodes_containerd_and_a_new_node_pass(stage: ContainerdStageSite, ch
     assert run.returncode == 0, said(run)[-4000:]
     assert set(recap_changed(run.stdout).values()) == {0}, run.stdout[-3000:]
     assert "TASK [containerd : Refuse a containerd version other than the one the nodes run]" in run.stdout
+
+
+def test_nodes_on_the_inventorys_containerd_are_read_once(stage: ContainerdStageSite) -> None:
+    """Every node at containerd_package_version (a converged cluster): one read each (packages_in_place) tells
+    that none is apart; the membership and dpkg reads are skipped on every node."""
+    run = stage.run("--check", target="1.36.3")
+    assert run.returncode == 0, said(run)[-4000:]
+    for task in (
+        "Read whether the node is a member of a cluster (kubeadm's kubelet.conf)",
+        "Read the containerd.io package the node runs (dpkg)",
+    ):
+        shown = run.stdout.split(f"TASK [containerd : {task}]", 1)[1].split("TASK [", 1)[0]
+        assert sorted(re.findall(r"^skipping: \[([^\]]+)\]", shown, re.M)) == sorted(NODES), shown
+        assert "ok: [" not in shown, shown
 
 
 def test_a_host_that_is_no_member_passes_with_another_containerd(stage: ContainerdStageSite) -> None:
