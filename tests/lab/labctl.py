@@ -713,26 +713,38 @@ def wait_for_systemd(node: Node, timeout_s: float = 240) -> None:
 BOOT_UNIT = "fake-nvml-boot.service"
 
 
-# What install_fake_gpus puts on a node: (source under tests/lab, or None for FAKE_NVML_WRAPPER; path on
-# the node; mode). The fake NVML and its control CLI; the Kubernetes faults (scripts/lab-fault NODE kube
-# ...), done to the real components; the unit by which a reboot clears the simulated GPUs as it clears a
-# driver's state.
-FAKE_GPU_FILES = (
+# What install_node_files puts on a node: (source under tests/lab, or None for the content in NODE_FILE_TEXT;
+# path on the node; mode). The fake NVML and its control CLI; the Kubernetes faults (scripts/lab-fault NODE
+# kube ...), done to the real components; the unit by which a reboot clears the simulated GPUs as it clears a
+# driver's state; and Ubuntu's apt hook that the nodes' Debian lacks (docs/lab.md).
+NODE_FILES = (
     ("fake_nvml/pynvml.py", "/usr/local/lib/fake-nvml/pynvml.py", 0o644),
     ("fake_nvml/fake_nvml_ctl.py", "/usr/local/lib/fake-nvml/fake_nvml_ctl.py", 0o644),
     (None, "/usr/local/sbin/fake-nvml", 0o755),
     ("kube/lab_kube_fault.py", "/usr/local/sbin/lab-kube-fault", 0o755),
     (f"fake_nvml/{BOOT_UNIT}", f"/etc/systemd/system/{BOOT_UNIT}", 0o644),
+    (None, "/etc/apt/apt.conf.d/15update-stamp", 0o644),
 )
-FAKE_NVML_WRAPPER = b'#!/bin/sh\nexec /usr/bin/python3 /usr/local/lib/fake-nvml/fake_nvml_ctl.py "$@"\n'
+NODE_FILE_TEXT = {
+    "/usr/local/sbin/fake-nvml": (
+        b'#!/bin/sh\nexec /usr/bin/python3 /usr/local/lib/fake-nvml/fake_nvml_ctl.py "$@"\n'
+    ),
+    # Ubuntu 22.04's update-notifier-common ships this hook: every successful `apt update` touches the stamp
+    # apt's cache_valid_time (and common's read of the lists' age) reads. Debian's apt has no such file, so
+    # without it the lab refreshed apt's lists on every run where Ubuntu does once an hour.
+    "/etc/apt/apt.conf.d/15update-stamp": (
+        b"APT::Update::Post-Invoke-Success "
+        b'{"touch /var/lib/apt/periodic/update-success-stamp 2>/dev/null || true";};\n'
+    ),
+}
 
 
-def fake_gpu_archive() -> bytes:
-    """FAKE_GPU_FILES as one tar stream (root-owned, the sources' times), for one `tar -x` on the node."""
+def node_files_archive() -> bytes:
+    """NODE_FILES as one tar stream (root-owned, the sources' times), for one `tar -x` on the node."""
     stream = io.BytesIO()
     with tarfile.open(fileobj=stream, mode="w") as archive:
-        for source, target, mode in FAKE_GPU_FILES:
-            data = FAKE_NVML_WRAPPER if source is None else (LAB_SRC / source).read_bytes()
+        for source, target, mode in NODE_FILES:
+            data = NODE_FILE_TEXT[target] if source is None else (LAB_SRC / source).read_bytes()
             entry = tarfile.TarInfo(target.lstrip("/"))
             entry.size, entry.mode = len(data), mode
             entry.mtime = int((LAB_SRC / (source or "labctl.py")).stat().st_mtime)
@@ -740,8 +752,8 @@ def fake_gpu_archive() -> bytes:
     return stream.getvalue()
 
 
-def install_fake_gpus(node: Node) -> None:
-    """Copy FAKE_GPU_FILES to the node in one exec; create the GPU state once."""
+def install_node_files(node: Node) -> None:
+    """Copy NODE_FILES to the node in one exec; create the GPU state once."""
     env = dict(os.environ)
     env.setdefault("CONTAINERS_CONF", str(LAB_SRC / "containers.conf"))
     script = (
@@ -750,19 +762,21 @@ def install_fake_gpus(node: Node) -> None:
     )
     result = subprocess.run(
         ["podman", "exec", "-i", node.name, "sh", "-c", script],
-        input=fake_gpu_archive(), env=env, capture_output=True, check=False,
+        input=node_files_archive(), env=env, capture_output=True, check=False,
     )  # fmt: skip
     if result.returncode != 0:
-        raise LabError(f"{node.name}: installing the fake GPUs failed: {result.stderr.decode().strip()}")
+        raise LabError(
+            f"{node.name}: installing the lab's node files failed: {result.stderr.decode().strip()}"
+        )
     if result.stdout.decode().strip() != "state":
         podman("exec", node.name, "fake-nvml", "init", "--shape", GPU_SHAPE, "--host", node.name)
         log(f"{node.name}: simulated GPUs initialised ({GPU_SHAPE})")
 
 
 def bring_up_node(node: Node) -> None:
-    """A started node container made ready: booted, the fake GPUs installed, reached over SSH."""
+    """A started node container made ready: booted, the lab's files installed, reached over SSH."""
     wait_for_systemd(node)
-    install_fake_gpus(node)
+    install_node_files(node)
     wait_for_ssh(node)
 
 
