@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 from ansible.parsing.dataloader import DataLoader
-from ansible.plugins.loader import init_plugin_loader
+from ansible.plugins.loader import filter_loader, init_plugin_loader
 from ansible.template import Templar, trust_as_template
 from ansible.utils.collection_loader import AnsibleCollectionConfig
 
@@ -38,9 +38,12 @@ def _trusted(value: Any) -> Any:
 
 
 def _load_plugins() -> None:
-    """Filters and lookups by their FQCN (ansible.builtin.file, community.general.dict_kv), once."""
+    """Filters and lookups by their FQCN (ansible.builtin.file, community.general.dict_kv), once; and the
+    filters the roles share (plugins/filter), as ansible.cfg's filter_plugins gives them to a play wherever
+    the tests run from."""
     if AnsibleCollectionConfig.collection_finder is None:
         init_plugin_loader()
+    filter_loader.add_directory(str(ROOT / "plugins/filter"))  # once: a directory added again is not
 
 
 class RoleVars:

@@ -2,8 +2,9 @@
 before anything changes (ansible-playbook on this machine, the inventory's shape of the lab); the settings and
 units the roles write are what their programs read (role_render: the roles' own defaults and templates);
 and etcd_backup's gates on its reads: a task skipped for what a read found is one the real module leaves as
-it is (known_hosts, authorized_key), a file read answers as the command it replaces (rrsync's -no-del,
-grep), and the tools run again wherever they are not as recorded after they ran."""
+it is (known_hosts, authorized_key: the shared verdicts of plugins/filter/ssh_key_files.py with the role's
+values), a file read answers as the command it replaces (rrsync's -no-del, grep), and the tools run again
+wherever they are not as recorded after they ran."""
 
 from __future__ import annotations
 
@@ -333,13 +334,15 @@ def key_role(
 
 
 def test_the_key_is_authorized_only_where_authorized_keys_holds_other_than_its_line(tmp_path: Path) -> None:
+    """The role's gate on the shared verdict (plugins/filter/ssh_key_files.py, held to the module in
+    test_ssh_key_files.py), with the role's key and options."""
     public_key = ed25519_public(tmp_path, "copy")
     keys = tmp_path / "authorized_keys"
     # what the task writes into an empty file is what the gate calls in place, and the module then leaves it
     role = key_role(tmp_path, public_key, None)
     assert role["__etcd_backup_copy_key_in_place"] is False
     changed, written = authorized_key_changes(role, keys)
-    assert changed and written == role["__etcd_backup_copy_key_line"], written
+    assert changed and written == f"{role['__etcd_backup_copy_key_options']} {public_key} \n", written
     role = key_role(tmp_path, public_key, written)
     assert role["__etcd_backup_copy_key_in_place"] is True
     assert authorized_key_changes(role, keys)[0] is False
@@ -377,7 +380,9 @@ def known_hosts_changes(role: RoleVars, known_hosts: Path) -> tuple[bool, str]:
     return result["changed"], result["diff"]["after"]
 
 
-def test_the_host_key_is_trusted_only_where_known_hosts_holds_other_than_its_line(tmp_path: Path) -> None:
+def test_the_host_key_is_trusted_only_where_known_hosts_does_not_hold_it(tmp_path: Path) -> None:
+    """The role's gate on the shared verdict (plugins/filter/ssh_key_files.py, held to the module in
+    test_ssh_key_files.py), with the role's host and key."""
     host_key = ed25519_public(tmp_path, "host").split()[1]
     known_hosts = tmp_path / "known_hosts"
 
@@ -394,18 +399,16 @@ def test_the_host_key_is_trusted_only_where_known_hosts_holds_other_than_its_lin
     assert fresh["__etcd_backup_known_hosts_in_place"] is False
     changed, written = known_hosts_changes(fresh, known_hosts)
     assert changed and written == f"{HOSTS['gpu-node-2']} ssh-ed25519 {host_key}\n"
-    converged = role(written)
-    assert converged["__etcd_backup_known_hosts_in_place"] is True
-    assert known_hosts_changes(converged, known_hosts)[0] is False
+    # the line the module adds, alone or where ssh-keygen -F finds it first: the module leaves the file
+    for content in (written, "# x\n" + written, written + written, written.strip()):
+        converged = role(content)
+        assert converged["__etcd_backup_known_hosts_in_place"] is True, content
+        assert known_hosts_changes(converged, known_hosts)[0] is False, content
     other = ed25519_public(tmp_path, "other").split()[1]
-    for content in (
-        "",
-        written.replace(host_key, other),
-        "# x\n" + written,
-        written + written,
-        written.strip(),
-    ):
-        assert role(content)["__etcd_backup_known_hosts_in_place"] is False, content
+    for content in ("", written.replace(host_key, other), written.replace(host_key, other) + written):
+        stale = role(content)
+        assert stale["__etcd_backup_known_hosts_in_place"] is False, content
+        assert known_hosts_changes(stale, known_hosts)[0] is True, content
 
 
 def tools_in_place(tmp_path: Path, *, record: str | None, owner: str = "root") -> bool:

@@ -1,11 +1,11 @@
 """roles/model_sync reads once, in prepare-nodes.yml's files_in_place call, what its later tasks decide on,
-and skips a task whose module runs whole to decide only where that task would change nothing. Each verdict
-of roles/model_sync/filter_plugins/model_sync_reads.py is held here to the real module it stands for:
-community.general.decompress (rrsync from its documentation copy), ansible.builtin.known_hosts (with the
-real ssh-keygen) and ansible.posix.authorized_key, on files read as the role reads them
-(module_utils/path_reads.py, files_in_place's stat and slurp). Then the role's own expressions: the paths it
-reads are the ones its tasks name, and `current` is switched and pruned around as before. rrsync end to
-end: test_model_sync_rrsync.py."""
+and skips a task whose module runs whole to decide only where that task would change nothing. The role's own
+verdict, roles/model_sync/filter_plugins/model_sync_reads.py, is held here to the real module it stands for:
+community.general.decompress (rrsync from its documentation copy), on files read as the role reads them
+(module_utils/path_reads.py, files_in_place's stat and slurp); the shared verdicts on known_hosts and
+authorized_keys are held to theirs in test_ssh_key_files.py. Then the role's own expressions: the paths it
+reads are the ones its tasks name, the SSH tasks' gates pass the shared verdicts the read's content, and
+`current` is switched and pruned around as before. rrsync end to end: test_model_sync_rrsync.py."""
 
 from __future__ import annotations
 
@@ -14,8 +14,6 @@ import gzip
 import hashlib
 import importlib.util
 import os
-import shutil
-import subprocess
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -23,10 +21,8 @@ from typing import Any
 import pytest
 import yaml
 from ansible.module_utils.path_reads import slurp_of, stat_of
-from ansible.modules import known_hosts as known_hosts_module
 from ansible.plugins.loader import filter_loader, init_plugin_loader
 from ansible.utils.collection_loader import AnsibleCollectionConfig
-from ansible_collections.ansible.posix.plugins.modules import authorized_key as authorized_key_module
 from ansible_collections.community.general.plugins.modules import decompress as decompress_module
 from role_render import RoleVars
 
@@ -35,6 +31,7 @@ ROLE = ROOT / "roles/model_sync"
 PERL_RRSYNC = b"#!/usr/bin/perl\n# rrsync of rsync 3.2.3 (stand-in)\nprint 'ok';\n"
 SYNC_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeSyncKeyOfTheSourceNodeModelSync000000"
 OPTIONS = 'restrict,from="10.89.42.11",command="/usr/local/bin/rrsync -wo /models/.incoming"'
+NODE = "10.89.42.12"
 
 
 def reads() -> ModuleType:
@@ -48,30 +45,6 @@ def reads() -> ModuleType:
 
 
 READS = reads()
-
-
-class Shim:
-    """What the three modules' functions use of AnsibleModule, on this machine."""
-
-    check_mode = False
-    _diff = False
-    tmpdir = "/tmp"
-
-    def fail_json(self, **kwargs: Any) -> None:
-        raise AssertionError(kwargs)
-
-    def run_command(self, argv: list[str], check_rc: bool = False) -> tuple[int, str, str]:
-        done = subprocess.run(argv, capture_output=True, text=True, check=False)
-        return done.returncode, done.stdout, done.stderr
-
-    def atomic_move(self, source: str, dest: str) -> None:
-        shutil.move(source, dest)
-
-    def add_cleanup_file(self, path: str) -> None:
-        pass
-
-    def selinux_enabled(self) -> bool:
-        return False
 
 
 def content(path: Path) -> str:
@@ -138,124 +111,12 @@ def test_the_installed_copy_is_in_place_only_as_decompress_leaves_it(tmp_path: P
     assert not rrsync_in_place(tmp_path, None)
 
 
-# ------------------------------------------------------------------ known_hosts
-
-
-def known_hosts_changes(path: Path, name: str, key: str) -> bool:
-    """Whether ansible.builtin.known_hosts (state present, hash_host false) would change PATH: its own
-    search_for_host_key, with the real ssh-keygen."""
-    found, replace_or_add, _ = known_hosts_module.search_for_host_key(
-        Shim(), name.lower(), key + "\n", str(path), shutil.which("ssh-keygen")
-    )
-    return replace_or_add or not found
-
-
-@pytest.fixture(scope="module")
-def host_keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """Real public host keys (ssh-keygen reads them): the node's, another ed25519 one, an ECDSA one."""
-    folder = tmp_path_factory.mktemp("host-keys")
-    keys = {}
-    for name, kind in (("host", "ed25519"), ("other", "ed25519"), ("ecdsa", "ecdsa")):
-        subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-f", str(folder / name)], check=True)
-        keys[name] = (folder / f"{name}.pub").read_text().split()[1]
-    return keys
-
-
-NODE = "10.89.42.12"
-KNOWN_HOSTS = {
-    "the-line": ("{wanted}\n", True),
-    "among-others": ("10.89.42.13 ssh-ed25519 {other}\n{wanted}\n10.89.42.14 ssh-ed25519 {other}\n", True),
-    "ecdsa-line-first": ("10.89.42.12 ecdsa-sha2-nistp256 {ecdsa}\n{wanted}\n", True),
-    "with-a-comment": ("# the nodes\n\n{wanted} root@gpu-node-2\n", True),
-    "no-final-line-break": ("{wanted}", True),
-    "missing": ("", False),
-    "other-host": ("10.89.42.13 ssh-ed25519 {host}\n", False),
-    "other-key": ("10.89.42.12 ssh-ed25519 {other}\n", False),
-    "stale-key-first": ("10.89.42.12 ssh-ed25519 {other}\n{wanted}\n", False),
-    "listed-with-a-name": ("10.89.42.12,gpu-node-2 ssh-ed25519 {host}\n", False),
-    "name-list-first": ("gpu-node-2,10.89.42.12 ssh-ed25519 {other}\n{wanted}\n", False),
-    "pattern-first": ("10.89.42.* ssh-ed25519 {other}\n{wanted}\n", False),
-    "marker-first": ("@revoked 10.89.42.12 ssh-ed25519 {other}\n{wanted}\n", False),
-    "not-utf8": ("# \udcff\n{wanted}\n", False),
-}
-
-
-@pytest.mark.parametrize("name", list(KNOWN_HOSTS))
-def test_a_known_host_is_in_place_only_where_the_module_changes_nothing(
-    tmp_path: Path, host_keys: dict[str, str], name: str
-) -> None:
-    wanted = f"{NODE} ssh-ed25519 {host_keys['host']}"
-    text, in_place = KNOWN_HOSTS[name]
-    path = tmp_path / "known_hosts"
-    if text:
-        path.write_bytes(text.format(wanted=wanted, **host_keys).encode("utf-8", "surrogateescape"))
-    verdict = READS.known_host_in_place(content(path), NODE, wanted)
-    assert verdict is in_place
-    if verdict:
-        assert not known_hosts_changes(path, NODE, wanted)
-    elif text and name not in ("pattern-first", "marker-first", "not-utf8"):
-        # plain files: "differs" is where the module changes the file too (nothing run for nothing)
-        assert known_hosts_changes(path, NODE, wanted)
-
-
-# ------------------------------------------------------------------ authorized_keys
-
-
-def authorized_key(path: Path, key: str = SYNC_KEY, options: str = OPTIONS, check_mode: bool = False) -> bool:
-    """Run ansible.posix.authorized_key's enforce_state on PATH as the role's task (exclusive, manage_dir), as
-    root; whether it changed the file."""
-    shim = Shim()
-    shim.check_mode = check_mode
-    params: dict[str, Any] = {
-        "user": "root",
-        "key": key,
-        "path": str(path),
-        "manage_dir": True,
-        "state": "present",
-        "key_options": options,
-        "exclusive": True,
-        "comment": None,
-        "follow": False,
-    }
-    return bool(authorized_key_module.enforce_state(shim, params).get("changed"))
-
-
-@pytest.mark.parametrize(
-    "key", [SYNC_KEY, SYNC_KEY + " modelsync@gpu-node-1 model weights sync"], ids=["no-comment", "comment"]
-)
-def test_the_keys_file_the_module_writes_is_in_place_and_nothing_else(tmp_path: Path, key: str) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("authorized_key sets the file's owner: run as root")
-    path = tmp_path / ".ssh/authorized_keys"
-    path.parent.mkdir()
-    assert not READS.authorized_keys_in_place(stat_of(str(path)), key, OPTIONS)
-    assert authorized_key(path, key)
-    assert READS.authorized_keys_in_place(stat_of(str(path)), key, OPTIONS)
-    assert not authorized_key(path, key)
-    # another source address, another rrsync, another key, a line more, a line less: the task runs and changes
-    assert not READS.authorized_keys_in_place(stat_of(str(path)), key, OPTIONS.replace("42.11", "42.21"))
-    assert not READS.authorized_keys_in_place(stat_of(str(path)), key.replace("Fake", "Real"), OPTIONS)
-    written = path.read_text()
-    for drift in (written + "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOther\n", written.replace("restrict,", "")):
-        path.write_text(drift)
-        assert not READS.authorized_keys_in_place(stat_of(str(path)), key, OPTIONS)
-        assert authorized_key(path, key, check_mode=True)
-    path.write_text(written.rstrip("\n"))
-    assert not READS.authorized_keys_in_place(stat_of(str(path)), key, OPTIONS)
-
-
-def test_a_key_the_module_would_refuse_is_never_in_place() -> None:
-    found = {"exists": True, "isreg": True, "checksum": hashlib.sha1(b"").hexdigest()}
-    assert not READS.authorized_keys_in_place(found, "", OPTIONS)
-    assert not READS.authorized_keys_in_place(found, "not-a-type AAAA", OPTIONS)
-    assert not READS.authorized_keys_in_place({"exists": False}, SYNC_KEY, OPTIONS)
-
-
 # ------------------------------------------------------------------ the role's expressions
 
 
 def role_vars(**overrides: Any) -> RoleVars:
-    """The role's variables, with its own filters loaded as a play loads them."""
+    """The role's variables, with its own filters loaded as a play loads them (the shared ones of
+    plugins/filter: role_render)."""
     if AnsibleCollectionConfig.collection_finder is None:
         init_plugin_loader()
     filter_loader.add_directory(str(ROLE / "filter_plugins"))
@@ -291,9 +152,13 @@ def test_the_read_takes_each_models_paths_as_its_tasks_name_them() -> None:
         "/usr/bin/rrsync",
         "/usr/share/doc/rsync/scripts/rrsync.gz",
         "/usr/local/bin/rrsync",
-        "/var/lib/modelsync/.ssh/authorized_keys",
     }
-    assert receiver["__model_sync_read_slurp"] == ["/usr/share/doc/rsync/scripts/rrsync.gz"]
+    assert receiver["__model_sync_read_slurp"] == [
+        "/usr/share/doc/rsync/scripts/rrsync.gz",
+        "/var/lib/modelsync/.ssh/authorized_keys",
+    ]
+    site_rrsync = role_vars(model_sync_models=MODELS, model_sync_rrsync_path="/opt/rrsync")
+    assert site_rrsync["__model_sync_read_slurp"] == ["/var/lib/modelsync/.ssh/authorized_keys"]
     source = role_vars(model_sync_models=MODELS, inventory_hostname="gpu-node-1")
     assert source["__model_sync_read_slurp"] == [
         "/models/qwen2-tiny/v1.manifest.json",
@@ -401,22 +266,25 @@ def test_the_key_is_authorized_unless_the_file_holds_exactly_its_line() -> None:
         "tasks/authorize-source.yml",
         "Authorize the source node's key for rrsync into {{ __model_sync_incoming }}",
     )
-    line = f"{OPTIONS} {SYNC_KEY} \n".encode()
+    line = f"{OPTIONS} {SYNC_KEY} \n"
 
-    def runs(public_key: str, found: dict[str, Any]) -> bool:
+    def runs(public_key: str, found: str | None) -> bool:
+        """The task's gate where the read slurped FOUND as authorized_keys (None: nothing there)."""
+        slurped = {"content": base64.b64encode(found.encode()).decode()} if found is not None else {}
         role = role_vars(
             hostvars={
                 "gpu-node-1": {"__model_sync_address": "10.89.42.11", "__model_sync_public_key": public_key}
             },
             __model_sync_rrsync="/usr/local/bin/rrsync",
-            __model_sync_found={"stat": {"/var/lib/modelsync/.ssh/authorized_keys": found}},
+            __model_sync_found={"slurp": {"/var/lib/modelsync/.ssh/authorized_keys": slurped}},
         )
         return role.when(authorize["when"])
 
-    assert not runs(SYNC_KEY, {"exists": True, "isreg": True, "checksum": hashlib.sha1(line).hexdigest()})
-    assert runs(SYNC_KEY, {"exists": True, "isreg": True, "checksum": hashlib.sha1(line + line).hexdigest()})
-    assert runs(SYNC_KEY, {"exists": False})
-    assert not runs("", {"exists": False})  # --check, no key on the source node yet: reported instead
+    assert not runs(SYNC_KEY, line)
+    assert runs(SYNC_KEY, line + line)
+    assert runs(SYNC_KEY, line.replace("10.89.42.11", "10.89.42.21"))
+    assert runs(SYNC_KEY, None)
+    assert not runs("", None)  # --check, no key on the source node yet: reported instead
 
 
 def test_a_nodes_host_key_is_trusted_unless_known_hosts_holds_it() -> None:

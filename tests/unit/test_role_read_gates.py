@@ -10,12 +10,18 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import files_in_place
 import pytest
+import yaml
+from ansible.module_utils import basic
+from ansible.module_utils.testing import patch_module_args
+from ansible_collections.community.general.plugins.modules import sudoers as real_sudoers_module
 from conftest import run_module
 from role_render import RoleVars
 
+ROOT = Path(__file__).resolve().parents[2]
 HOSTS = {"gpu-node-1": {"node_ip": "10.89.42.11"}, "gpu-node-2": {"ansible_host": "10.89.42.12"}}
 
 
@@ -97,6 +103,117 @@ def test_the_sshd_include_line_and_the_swap_lines(tmp_path):
 
 def test_no_fstab_edit_where_swap_stays():
     assert "/etc/fstab" not in edits_by_path(common(common_swap_disable=False))
+
+
+OPERATORS = [
+    {"name": "ops", "ssh_public_keys": ["ssh-ed25519 AAAA"]},
+    {"name": "auditor", "sudo": False},
+    {"name": "leaver", "state": "absent"},
+    {"name": "oncall", "state": "present", "sudo": True},
+]
+
+
+def sudoers_task() -> dict[str, Any]:
+    tasks = yaml.safe_load((ROOT / "roles/common/tasks/ops_users.yml").read_text())
+    (task,) = [t for t in tasks if t.get("name") == "Grant or revoke sudo"]
+    return dict(task)
+
+
+def sudoers_rules(**overrides: Any) -> dict[str, dict[str, Any]]:
+    """The role's read of its operators' sudo rules (__common_ops_sudoers), by path."""
+    return {
+        rule["path"]: rule for rule in common(common_ops_users=OPERATORS, **overrides)["__common_ops_sudoers"]
+    }
+
+
+class SudoersExit(BaseException):
+    """community.general.sudoers' exit: not an Exception, as its main() turns any Exception into a failure."""
+
+
+def real_sudoers(args: dict[str, Any], directory: Path) -> bool:
+    """community.general.sudoers, its main() whole, with the task's ARGS in DIRECTORY instead of
+    /etc/sudoers.d; whether it changed anything. visudo is not on every test machine: its check (validation)
+    is left out here (it only refuses a rule, and decides nothing about a rule in place)."""
+
+    def exit_json(self: basic.AnsibleModule, **result: Any) -> None:
+        raise SudoersExit(result)
+
+    def fail_json(self: basic.AnsibleModule, msg: str, **result: Any) -> None:
+        raise AssertionError(msg)
+
+    with (
+        patch_module_args(args | {"sudoers_path": str(directory), "validation": "absent"}),
+        mock.patch.object(basic.AnsibleModule, "exit_json", exit_json),
+        mock.patch.object(basic.AnsibleModule, "fail_json", fail_json),
+        pytest.raises(SudoersExit) as done,
+    ):
+        real_sudoers_module.main()
+    return bool(done.value.args[0]["changed"])
+
+
+def rule_in_place(rule: dict[str, Any], path: Path) -> bool:
+    """files_in_place's verdict on the role's RULE, read at PATH."""
+    failed, result = run_module(files_in_place, {"files": [rule | {"path": str(path)}]})
+    assert not failed, result["msg"]
+    return bool(result["in_place"])
+
+
+@pytest.mark.parametrize("nopasswd", [True, False])
+@pytest.mark.parametrize("operator", OPERATORS, ids=[o["name"] for o in OPERATORS])
+def test_a_sudo_rule_is_in_place_exactly_as_the_module_leaves_it(
+    tmp_path: Path, operator: dict[str, Any], nopasswd: bool
+) -> None:
+    task = sudoers_task()
+    role = common(common_ops_users=OPERATORS, common_ops_sudo_nopasswd=nopasswd, item=operator)
+    args = role.template(task["community.general.sudoers"])
+    # the file the task manages is the one the role reads
+    path = role["__common_ops_sudoers_file"]
+    assert path == f"{args['sudoers_path']}/{args['name']}"
+    rule = sudoers_rules(common_ops_sudo_nopasswd=nopasswd)[path]
+    local = tmp_path / args["name"]
+    if args["state"] == "present":
+        assert real_sudoers(args, tmp_path) is True
+        assert rule_in_place(rule, local) is True
+        assert real_sudoers(args, tmp_path) is False
+        # the other tags, another mode: both differ, and the module writes again
+        written = local.read_text()
+        other = written.replace("NOPASSWD: ", " ") if nopasswd else written.replace("= ", "=NOPASSWD: ")
+        for text, mode in ((other, 0o440), (written, 0o640)):
+            local.write_text(text)
+            local.chmod(mode)
+            assert rule_in_place(rule, local) is False
+            assert real_sudoers(args, tmp_path) is True
+        local.unlink()
+        assert rule_in_place(rule, local) is False
+    else:
+        assert rule == {"path": path, "state": "absent"}
+        assert rule_in_place(rule, local) is True
+        assert real_sudoers(args, tmp_path) is False
+        local.write_text(f"{operator['name']} ALL=NOPASSWD: ALL\n")
+        assert rule_in_place(rule, local) is False
+        assert real_sudoers(args, tmp_path) is True
+
+
+def test_the_sudo_task_runs_only_for_a_rule_the_read_found_otherwise() -> None:
+    task = sudoers_task()
+    rules = list(sudoers_rules())
+
+    def runs(differ: list[str], operators: list[dict[str, Any]] = OPERATORS) -> list[str]:
+        found = {"differ": differ}
+        return [
+            o["name"]
+            for o in operators
+            if common(common_ops_users=operators, __common_files_state=found, item=o).when(task["when"])
+        ]
+
+    assert runs([]) == []
+    assert runs([rules[0], rules[2]]) == ["ops", "leaver"]
+    # an operator listed twice is not read: each of its entries runs, as without the read
+    twice = [*OPERATORS, {"name": "ops", "sudo": False}]
+    assert "/etc/sudoers.d/ops-ops" not in [
+        r["path"] for r in common(common_ops_users=twice)["__common_ops_sudoers"]
+    ]
+    assert runs([], twice) == ["ops", "ops"]
 
 
 def nvidia_driver(differ: list[str], files_differ: list[str] | None = None) -> RoleVars:
