@@ -35,8 +35,8 @@ options:
     required: true
   all_of:
     description:
-      - Kinds read whole, each with one list call, every object of it in RV(resources) whatever its name:
-        the Nodes, or the EndpointSlices of a namespace, where a role reads what the cluster has rather than
+      - Kinds read whole, each with one list call, every object of it in RV(resources) whatever its name
+        (the Nodes, or the EndpointSlices of a namespace), where a role reads what the cluster has rather than
         what it renders. A kind both here and in O(objects), under the same namespace, is read once, whole.
       - Each gives C(apiVersion) and C(kind), and C(namespace) for a namespaced kind.
     type: list
