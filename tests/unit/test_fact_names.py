@@ -45,32 +45,3 @@ def test_no_file_reads_a_fact_as_a_top_level_variable(tmp_path: Path) -> None:
                 code = line.split("#", 1)[0] if path.suffix != ".j2" else line
                 used += [f"{path.relative_to(ROOT)}:{number}: {n}" for n in NAME.findall(code) if n in facts]
     assert used == []
-
-
-# ansible_facts keys other modules set, not setup: gpu_facts, package_facts, service_facts, getent
-FACTS_OF_OTHER_MODULES = {"nvidia", "packages", "services", "getent_passwd"}
-# gathered by min's ssh_pub_keys where the machine has that host key (every server; not this test's machine)
-FACTS_WHERE_PRESENT = {"ssh_host_key_ed25519_public"}
-FACT_READ = re.compile(r"""ansible_facts(?:\[['"]([a-z0-9_]+)['"]\]|\.([a-z0-9_]+))""")
-
-
-def test_every_fact_read_is_in_the_subsets_ansible_cfg_gathers(tmp_path: Path) -> None:
-    """ansible.cfg's gather_subset leaves the slow subsets out: every fact a role or playbook reads must be in
-    what it gathers (or set by another module), or the read would find it undefined."""
-    subset = re.search(r"^gather_subset = (.+)$", (ROOT / "ansible.cfg").read_text(), re.MULTILINE)
-    assert subset, "ansible.cfg sets gather_subset"
-    args = tmp_path / "args.json"
-    args.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {"gather_subset": subset[1].split(",")}}))
-    done = subprocess.run(
-        [sys.executable, "-m", "ansible.modules.setup", str(args)],
-        capture_output=True, text=True, timeout=120, check=True,
-    )  # fmt: skip
-    gathered = {name.removeprefix("ansible_") for name in json.loads(done.stdout)["ansible_facts"]}
-    read = set()
-    for source in SOURCES:
-        for path in sorted((ROOT / source).rglob("*")):
-            if path.suffix in SUFFIXES and path.is_file():
-                read |= {a or b for a, b in FACT_READ.findall(path.read_text(errors="replace"))}
-    assert {"distribution", "kernel", "interfaces", "ssh_host_key_ed25519_public"} <= read
-    assert read - gathered - FACTS_OF_OTHER_MODULES - FACTS_WHERE_PRESENT == set()
-    assert "swaptotal_mb" not in gathered  # the hardware subset is not gathered
