@@ -210,6 +210,74 @@ options:
     type: list
     elements: str
     default: []
+  find:
+    description:
+      - Finds in directories whose result the role's logic reads, each answered in RV(found) under its
+        O(find[].name) as M(ansible.builtin.find) answers with the same options. Not compared with anything;
+        they do not count in RV(checked).
+      - One option of this call instead of a find task per find.
+      - "Only the options of M(ansible.builtin.find) below, with that module's defaults for the others (no
+        O(ansible.builtin.find#module:follow), O(ansible.builtin.find#module:excludes),
+        O(ansible.builtin.find#module:use_regex), O(ansible.builtin.find#module:age),
+        O(ansible.builtin.find#module:size), O(ansible.builtin.find#module:mode) or
+        O(ansible.builtin.find#module:limit)). The walk is that module's own: the same entries in the same
+        order, hidden directories walked into (only their names are left out without O(find[].hidden)), links
+        never followed."
+      - "Where M(ansible.builtin.find) skips a path (one that is not a directory or is missing, a directory it
+        may not list, an entry it may not look at, a file it cannot decode for O(find[].contains)), it is in
+        that find's C(skipped_paths) with that module's message, and the task does not fail; that module's
+        warning is not repeated, as a role's read meets directories its later tasks make."
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      name:
+        description: The key of this find's answer in RV(found); each name once.
+        type: str
+        required: true
+      paths:
+        description: Absolute paths of the directories to look in (O(ansible.builtin.find#module:paths)).
+        type: list
+        elements: str
+        required: true
+      patterns:
+        description:
+          - Shell globs, matched against the name of each entry (C(fnmatch)); an entry matching any of them is
+            found. Empty, every name. As O(ansible.builtin.find#module:patterns) without
+            O(ansible.builtin.find#module:use_regex).
+        type: list
+        elements: str
+        default: []
+      contains:
+        description:
+          - A Python regular expression a line of a regular file must match at its start (C(re.match), each
+            line with its line break, read as text in the locale's encoding), as
+            O(ansible.builtin.find#module:contains) without O(ansible.builtin.find#module:read_whole_file).
+          - Only with O(find[].file_type=file), as in M(ansible.builtin.find); ignored with the others. An
+            invalid expression is refused.
+        type: str
+      file_type:
+        description: The kind of entry to find (O(ansible.builtin.find#module:file_type)).
+        type: str
+        choices: [file, directory, link, any]
+        default: file
+      hidden:
+        description: Whether entries whose name starts with a dot are found.
+        type: bool
+        default: false
+      recurse:
+        description: Whether the directories under O(find[].paths) are walked into.
+        type: bool
+        default: false
+      depth:
+        description:
+          - With O(find[].recurse), how many levels below O(find[].paths) are walked (1, their own entries).
+            Left out, or V(0), no limit.
+        type: int
+      get_checksum:
+        description: Whether each regular file found has its C(checksum) (SHA-1).
+        type: bool
+        default: false
 attributes:
   check_mode:
     support: full
@@ -223,6 +291,7 @@ notes:
     same variables.
 seealso:
   - module: ansible.builtin.stat
+  - module: ansible.builtin.find
   - module: ansible.builtin.template
   - module: ansible.builtin.lineinfile
   - module: ansible.builtin.blockinfile
@@ -305,6 +374,32 @@ EXAMPLES = r"""
   become: true
   when: "'/etc/hosts' in node_edits.differ"
 
+- name: Find which files of containerd's differ, and the registry directories and files there are
+  files_in_place:
+    files:
+      - path: /etc/containerd/certs.d
+        state: directory
+        mode: "0755"
+    find:
+      - name: registry
+        paths: [/etc/containerd/certs.d]
+        file_type: any
+        hidden: true
+        recurse: true
+        depth: 2
+        get_checksum: true
+  become: true
+  register: containerd_read
+
+- name: Remove the registry directories no longer listed
+  ansible.builtin.file:
+    path: "{{ item }}"
+    state: absent
+  loop: >-
+    {{ containerd_read.found.registry.files | selectattr('isdir') | map(attribute='path')
+       | reject('in', ['/etc/containerd/certs.d/quay.io']) }}
+  become: true
+
 - name: Comment out the swap lines of /etc/fstab
   ansible.builtin.replace:
     path: /etc/fstab
@@ -360,6 +455,47 @@ slurp:
   type: dict
   sample:
     /etc/hostname: {content: "Z3B1LW5vZGUtMQo=", encoding: base64, source: /etc/hostname}
+found:
+  description:
+    - For each find of O(find), by its O(find[].name), what M(ansible.builtin.find) returns for it, in part
+      (empty without O(find)).
+  returned: always
+  type: dict
+  contains:
+    files:
+      description:
+        - The entries found, in the order M(ansible.builtin.find) lists them, each C(path) and what that
+          module returns of it among C(isreg), C(isdir), C(islnk) (of the entry itself, not followed),
+          C(mode) (4 octal digits), C(uid), C(gid), C(pw_name), C(gr_name) (empty where the id has no name),
+          C(size), C(mtime), and with O(find[].get_checksum) the C(checksum) (SHA-1) of a regular file.
+      type: list
+      elements: dict
+    matched:
+      description: The number of entries found.
+      type: int
+    examined:
+      description: The number of entries looked at, as M(ansible.builtin.find) counts them.
+      type: int
+    skipped_paths:
+      description: Each path skipped, with M(ansible.builtin.find)'s message.
+      type: dict
+  sample:
+    registry:
+      files:
+        - path: /etc/containerd/certs.d/quay.io
+          isreg: false
+          isdir: true
+          islnk: false
+          mode: "0755"
+          uid: 0
+          gid: 0
+          pw_name: root
+          gr_name: root
+          size: 4096
+          mtime: 1767225600.0
+      matched: 1
+      examined: 1
+      skipped_paths: {}
 units:
   description:
     - What systemd reports of each unit of O(units), by its name as given (empty without O(units)).
@@ -399,6 +535,7 @@ from ansible.module_utils.in_place_report import (
     reasons_by_key,
     run_report,
 )
+from ansible.module_utils.path_finds import FILE_TYPES, FindSpec, find_in
 from ansible.module_utils.path_reads import PathReadError, digest_of, reads, sha1_of
 
 SHA1_HEX = re.compile(r"[0-9a-f]{40}")
@@ -446,12 +583,26 @@ EDIT_SPEC: dict[str, Any] = {
     "mode": {"type": "raw"},
 }
 
+# ansible.builtin.find's options the roles use, with its defaults (module_utils/path_finds.py)
+FIND_SPEC: dict[str, Any] = {
+    "name": {"type": "str", "required": True},
+    "paths": {"type": "list", "elements": "str", "required": True},
+    "patterns": {"type": "list", "elements": "str", "default": []},
+    "contains": {"type": "str"},
+    "file_type": {"type": "str", "choices": list(FILE_TYPES), "default": "file"},
+    "hidden": {"type": "bool", "default": False},
+    "recurse": {"type": "bool", "default": False},
+    "depth": {"type": "int"},
+    "get_checksum": {"type": "bool", "default": False},
+}
+
 ARGUMENT_SPEC: dict[str, Any] = {
     "files": {"type": "list", "elements": "dict", "default": [], "options": ENTRY_SPEC},
     "edits": {"type": "list", "elements": "dict", "default": [], "options": EDIT_SPEC},
     "units": {"type": "list", "elements": "dict", "default": [], "options": UNIT_SPEC},
     "stat": {"type": "list", "elements": "str", "default": []},
     "slurp": {"type": "list", "elements": "str", "default": []},
+    "find": {"type": "list", "elements": "dict", "default": [], "options": FIND_SPEC},
 }
 
 SYSTEMCTL_ENV = {"LC_ALL": "C", "SYSTEMD_PAGER": ""}
@@ -526,6 +677,45 @@ def validated_path(index: int, path: str, list_name: str = "files") -> str:
 def validated_read_paths(option: str, paths: list[str]) -> list[str]:
     """The paths of the option ``stat`` or ``slurp``, each absolute."""
     return [absolute_path(entry_name(option, index), path) for index, path in enumerate(paths)]
+
+
+def validated_find(index: int, entry: dict[str, Any]) -> FindSpec:
+    contains = entry["contains"]
+    try:
+        pattern = None if contains is None else re.compile(contains)
+    except re.error as exc:
+        raise EntryError(
+            f"{entry_field('find', index, 'contains')}: {contains!r} is not a regular expression: {exc}"
+        ) from exc
+    return FindSpec(
+        paths=[
+            absolute_path(f"{entry_field('find', index, 'paths')}[{at}]", path)
+            for at, path in enumerate(entry["paths"])
+        ],
+        patterns=entry["patterns"],
+        contains=pattern,
+        file_type=entry["file_type"],
+        hidden=entry["hidden"],
+        recurse=entry["recurse"],
+        depth=entry["depth"],
+        get_checksum=entry["get_checksum"],
+    )
+
+
+def validated_finds(entries: list[dict[str, Any]]) -> dict[str, FindSpec]:
+    """The finds of the option ``find``, by name, each name once."""
+    finds: dict[str, FindSpec] = {}
+    first: dict[str, int] = {}
+    for index, entry in enumerate(entries):
+        name = entry["name"]
+        if name in first:
+            raise EntryError(
+                f"{entry_field('find', first[name], 'name')} and {entry_field('find', index, 'name')}"
+                f" both name {name}"
+            )
+        first[name] = index
+        finds[name] = validated_find(index, entry)
+    return finds
 
 
 def validated_checksum(index: int, state: str, checksum: str | None) -> str | None:
@@ -898,6 +1088,7 @@ class Wants:
     units: list[WantedUnit]
     stat_paths: list[str]
     slurp_paths: list[str]
+    finds: dict[str, FindSpec]
 
     @property
     def count(self) -> int:
@@ -914,12 +1105,13 @@ def validated_wants(params: dict[str, Any]) -> Wants:
         units=validated_units(params["units"]),
         stat_paths=validated_read_paths("stat", params["stat"]),
         slurp_paths=validated_read_paths("slurp", params["slurp"]),
+        finds=validated_finds(params["find"]),
     )
 
 
 def read(module: AnsibleModule, wanted: Wants) -> Found:
     """The paths', the edits' and the units' reasons, in that order, what systemd said of each unit, and the
-    stat and slurp reads."""
+    stat, slurp and find reads."""
     reasons = reasons_by_path(wanted.files)
     reasons.update(reasons_by_edited_path(wanted.edits))
     shown = shown_units(module, wanted.units)
@@ -932,7 +1124,8 @@ def read(module: AnsibleModule, wanted: Wants) -> Found:
         read_paths = reads(wanted.stat_paths, wanted.slurp_paths)
     except PathReadError as exc:
         raise CannotLook(f"{exc}; {BECOME_HINT}") from exc
-    return reasons, wanted.count, {"units": units, **read_paths}
+    finds = {name: find_in(spec) for name, spec in wanted.finds.items()}
+    return reasons, wanted.count, {"units": units, **read_paths, "found": finds}
 
 
 def main() -> None:

@@ -356,3 +356,69 @@ def test_drift_in_the_hosts_files_is_found_and_only_it_is_put_back(tmp_path: Pat
     # a converged node: no file, copy or template call per registry, only the directory and the find
     registries = {registry for _, registry in expected}
     assert not {item for item in items(again, "ok") if item[1] in registries}, again.stdout[-3000:]
+
+
+def test_the_roles_read_finds_the_hosts_files_for_the_tasks(tmp_path: Path, ca_pem: str) -> None:
+    """In the role's run, tasks/main.yml's files_in_place call finds the registry directories and files (its
+    find `registry`, __containerd_registry_find): configure-registry-mirrors.yml reads them from it, with no
+    read of its own, and still finds drift."""
+    certs = tmp_path / "certs.d"
+    include = {
+        "ansible.builtin.include_role": {"name": "containerd", "tasks_from": "configure-registry-mirrors"}
+    }
+    mirrors = [{"registry": "quay.io", "endpoints": ["https://mirror.example:5000"], "ca": ca_pem}]
+    variables = {"__containerd_registry_config_dir": str(certs), "containerd_registry_mirrors": mirrors}
+    run = playbook(tmp_path, [include], variables)
+    assert run.returncode == 0, run.stdout[-3000:]
+
+    role = containerd(**variables)
+    assert role["__containerd_finds"][0] == role["__containerd_registry_find"]
+    read = {
+        "name": "Read as tasks/main.yml reads",
+        # plain JSON values (the templar's strings are tagged), as the task would pass them
+        "files_in_place": {"find": [json.loads(json.dumps(role["__containerd_registry_find"]))]},
+        "register": "__containerd_files_state",
+    }
+    again = playbook(tmp_path, [read, include], variables)
+    assert again.returncode == 0 and changed(again) == 0, again.stdout[-3000:]
+    own_read = again.stdout.split("TASK [containerd : Read the registry directories")[1].split("TASK [")[0]
+    assert "skipping: [localhost]" in own_read, own_read
+
+    (certs / "quay.io" / "hosts.toml").write_text(
+        (certs / "quay.io" / "hosts.toml").read_text() + "junk = 1\n"
+    )
+    fixed = playbook(tmp_path, [read, include], variables)
+    assert fixed.returncode == 0, fixed.stdout[-3000:]
+    assert items(fixed) == {("Write each registry's hosts.toml", "quay.io")}, fixed.stdout[-3000:]
+    assert "junk" not in (certs / "quay.io" / "hosts.toml").read_text()
+
+
+def verify(**registered: Any) -> RoleVars:
+    converged = {
+        "__containerd_files_state": {"differ": [], "found": {"config": {"files": [{"mtime": 1.0}]}}},
+        "__containerd_packages_found": {"in_place": True},
+        "__containerd_config_reread": {"skipped": True},
+    }
+    return containerd(**(converged | registered))
+
+
+def test_verify_takes_the_config_files_from_the_roles_read_only_where_nothing_wrote_one_since() -> None:
+    """verify-containerd.yml holds the *.toml files' mtimes against the daemon's start: the role's read has
+    them (its find `config`) unless the install, config.toml's template or nvidia-ctk may have written one
+    since."""
+    assert verify()["__containerd_config_read_current"] is True
+    assert verify(__containerd_nvidia_ctk={"skipped": True})["__containerd_config_read_current"] is True
+    assert verify(__containerd_nvidia_ctk={"changed": True})["__containerd_config_read_current"] is False
+    assert (
+        verify(__containerd_packages_found={"in_place": False})["__containerd_config_read_current"] is False
+    )
+    differs = {"differ": ["/etc/containerd/config.toml"], "found": {"config": {"files": []}}}
+    assert verify(__containerd_files_state=differs)["__containerd_config_read_current"] is False
+    # entered alone (tasks_from, playbooks/tasks/upgrade-containerd-node.yml): no read of the role's
+    alone = RoleVars("containerd", __containerd_packages_found={"in_place": True})
+    assert alone["__containerd_config_read_current"] is False
+    assert containerd()["__containerd_config_find"] == {
+        "name": "config",
+        "paths": ["/etc/containerd", "/etc/containerd/conf.d"],
+        "patterns": ["*.toml"],
+    }

@@ -1,7 +1,8 @@
-"""Role gpu_health_agent installs its code (tasks/install-agent.yml) from one read of the node: a find of
-/opt/gpu-health-agent with checksums, modes and owners, then a file or copy call only for each directory
-and file that differs (issue 19). The tasks' own `when`, evaluated as Ansible evaluates it, against what the
-find returns for a node in each state.
+"""Role gpu_health_agent installs its code (tasks/install-agent.yml) from one read of the node: the role's
+files_in_place call finds what is under /opt/gpu-health-agent with checksums, modes and owners (its find
+`code`, answered as ansible.builtin.find answers: test_files_in_place_find.py), then a file or copy call only
+for each directory and file that differs (issue 19). The tasks' own `when`, evaluated as Ansible evaluates it,
+against what the find returns for a node in each state.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ TASKS = {
     t["name"]: t
     for t in yaml.safe_load((ROOT / "roles/gpu_health_agent/tasks/install-agent.yml").read_text())
 }
-FIND = "Read the agent's code directories and files with their checksums, modes and owners"
+READ = "Find which of the agent's settings files differ from what the role writes, and its unit"
 DIRS = "Create the code directories"
 CODE = "Install the agent and the project's module_utils it imports"
 ROLE = RoleVars("gpu_health_agent")
@@ -48,18 +49,31 @@ def converged() -> dict[str, dict[str, Any]]:
 
 
 def calls(task: str, node: dict[str, dict[str, Any]] | None) -> list[str]:
-    """The items the task calls its module for; node None: the find was skipped (--check, no home yet)."""
-    found = {"skipped": True} if node is None else {"files": list(node.values())}
+    """The items the task calls its module for; node None: the home was not there when the read ran (a new
+    node), and find skips a path that is not a directory."""
+    if node is None:
+        found = {"files": [], "matched": 0, "skipped_paths": {HOME: f"'{HOME}' is not a directory"}}
+    else:
+        found = {"files": list(node.values()), "matched": len(node), "skipped_paths": {}}
     items = TASKS[task]["loop"] if task == DIRS else FILES
     items = [ROLE.template(item) for item in items]
-    return items_run("gpu_health_agent", TASKS[task], items, __gpu_health_agent_installed=found,
+    read = {"found": {"code": found}}
+    return items_run("gpu_health_agent", TASKS[task], items, __gpu_health_agent_service_state=read,
                      __gpu_health_agent_module_utils_dir=str(ROOT / "module_utils"))  # fmt: skip
 
 
 def test_the_find_reads_checksums_modes_and_owners_of_everything_under_home() -> None:
-    find = TASKS[FIND]["ansible.builtin.find"]
-    assert ROLE.template(find["paths"]) == HOME
+    read = TASKS[READ]
+    assert read["register"] == "__gpu_health_agent_service_state"
+    (find,) = read["files_in_place"]["find"]
+    assert find["name"] == "code"
+    assert ROLE.template(find["paths"]) == [HOME]
     assert find["file_type"] == "any" and find["recurse"] is True and find["get_checksum"] is True
+    # one read for the code and the settings, before the tasks that use it (configure-service.yml's too)
+    names = list(TASKS)
+    assert names.index(READ) < names.index(DIRS) < names.index(CODE)
+    service = yaml.safe_load((ROOT / "roles/gpu_health_agent/tasks/configure-service.yml").read_text())
+    assert not [task for task in service if "files_in_place" in task or "ansible.builtin.find" in task]
     # the files come from the project's module_utils, as the copy's src says
     copy = TASKS[CODE]
     assert copy["vars"]["__gpu_health_agent_module_utils_dir"].startswith(
@@ -73,7 +87,7 @@ def test_a_converged_node_sends_no_file_or_copy_call() -> None:
     assert calls(CODE, converged()) == []
 
 
-def test_without_the_find_everything_goes_to_the_modules() -> None:
+def test_without_the_home_when_read_everything_goes_to_the_modules() -> None:
     assert calls(DIRS, None) == [LIB, f"{LIB}/ansible", CODE_DIR]
     assert calls(CODE, None) == FILES
 

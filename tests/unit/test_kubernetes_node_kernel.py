@@ -1,9 +1,11 @@
-"""Role kubernetes_node's kernel modules and parameters (tasks/configure-kernel.yml): read once, then
+"""Role kubernetes_node's kernel modules and parameters (tasks/configure-kernel.yml): read once, by the role's
+files_in_place call (tasks/main.yml: /proc/modules, and the finds of __kubernetes_node_finds), then
 community.general.modprobe and ansible.posix.sysctl called only for what differs (issue 19).
 
-The tasks' own `when` conditions, templated by Ansible's templar with the results the reads return on a
+The tasks' own `when` conditions, templated by Ansible's templar with the results the read returns on a
 node: a converged node calls neither module; each kind of drift calls the module for exactly the item it
-touches (or, where the read cannot tell which, for every item: the module then decides).
+touches (or, where the read cannot tell which, for every item: the module then decides). The finds' answers
+are held to ansible.builtin.find's in test_files_in_place_find.py.
 """
 
 from __future__ import annotations
@@ -33,8 +35,12 @@ def sha1(text: str) -> str:
     return hashlib.sha1(text.encode()).hexdigest()
 
 
+FINDS = {find["name"]: find for find in DEFAULTS["__kubernetes_node_finds"]}
+
+
 def found(files: dict[str, str]) -> dict[str, Any]:
-    """An ansible.builtin.find result listing these regular files (path: content)."""
+    """A find's answer (files_in_place's found[<name>], as ansible.builtin.find's) listing these regular files
+    (path: content)."""
     return {
         "files": [{"path": p, "checksum": sha1(c), "isreg": True, "mode": "0644"} for p, c in files.items()]
     }
@@ -59,9 +65,14 @@ def modules_called(
     return runs_for(
         LOAD,
         MODULES,
-        __kubernetes_node_pin_state={"slurp": {"/proc/modules": proc_modules(loaded)}},
-        __kubernetes_node_module_files=found(files),
-        __kubernetes_node_modprobe_links={"files": [{"path": p, "islnk": True} for p in links]},
+        __kubernetes_node_pin_state={
+            "slurp": {"/proc/modules": proc_modules(loaded)},
+            "found": {
+                "module_files": found(files),
+                "modprobe_links": {"files": [{"path": p, "islnk": True} for p in links]},
+                "sysctl_files": found({}),
+            },
+        },
     )
 
 
@@ -113,9 +124,8 @@ def modprobe_reads(line: str) -> bool:
      "blacklist ip_vs\n", "install ip_vs /bin/true\n", "overlay2\n", "\n"],
 )  # fmt: skip
 def test_the_find_picks_the_files_modprobe_would_read_as_naming_a_module(line: str) -> None:
-    task = TASKS["Read the files that load the kernel modules at boot or give them options"]
-    contains = RoleVars("kubernetes_node", **task["vars"]).template(task["ansible.builtin.find"]["contains"])
-    # ansible.builtin.find matches `contains` with re.match on each line
+    contains = FINDS["module_files"]["contains"]
+    # ansible.builtin.find, and files_in_place's find as it, match `contains` with re.match on each line
     assert bool(re.match(contains, line)) == modprobe_reads(line)
 
 
@@ -128,7 +138,14 @@ def sysctls_called(
     files: dict[str, str] = CONVERGED_SYSCTL_FILES, read: dict[str, Any] | None = None
 ) -> list[str]:
     items = [{"key": k, "value": v} for k, v in SYSCTLS.items()]
-    called = runs_for(SET, items, __kubernetes_node_sysctl_files=found(files) if read is None else read)
+    sysctl_files = found(files) if read is None else read
+    called = runs_for(
+        SET,
+        items,
+        __kubernetes_node_pin_state={
+            "found": {"module_files": found({}), "modprobe_links": found({}), "sysctl_files": sysctl_files}
+        },
+    )
     return [item["key"] for item in called]
 
 
@@ -163,15 +180,42 @@ def test_a_boot_file_that_differs_sends_every_parameter_to_sysctl(content: str |
     assert sysctls_called(files) == list(SYSCTLS)
 
 
-def test_without_the_read_every_parameter_goes_to_sysctl() -> None:
-    # --check on a node whose modules are not loaded yet: the read is skipped
-    assert sysctls_called(read={"skipped": True, "changed": False}) == list(SYSCTLS)
+def test_a_parameter_of_a_module_not_loaded_when_the_read_ran_is_set() -> None:
+    # the read comes before the modules are loaded: br_netfilter's keys are not there on a new node, and
+    # ansible.builtin.find (files_in_place's find likewise) skips a directory that is not there
+    files = {path: value for path, value in CONVERGED_SYSCTL_FILES.items() if "/net/bridge/" not in path}
+    read = found(files) | {
+        "skipped_paths": {"/proc/sys/net/bridge": "'/proc/sys/net/bridge' is not a directory"}
+    }
+    assert sysctls_called(read=read) == [key for key in SYSCTLS if key.startswith("net.bridge.")]
 
 
 def test_the_read_looks_where_the_parameters_and_their_file_are() -> None:
-    task = TASKS["Read the kernel parameters and the file that sets them at boot"]
-    args = RoleVars("kubernetes_node", **task["vars"]).template(task["ansible.builtin.find"])
+    args = FINDS["sysctl_files"]
     for path in CONVERGED_SYSCTL_FILES:
         dirname, _, basename = path.rpartition("/")
         assert dirname in args["paths"] and basename in args["patterns"]
     assert args["get_checksum"] is True
+
+
+def test_the_roles_read_finds_what_the_tasks_compare() -> None:
+    """The finds go to tasks/main.yml's files_in_place call, registered as configure-kernel.yml reads it."""
+    (read,) = [
+        task
+        for task in yaml.safe_load((ROOT / "roles/kubernetes_node/tasks/main.yml").read_text())
+        if "files_in_place" in task
+    ]
+    assert read["files_in_place"]["find"] == "{{ __kubernetes_node_finds }}"
+    assert read["register"] == "__kubernetes_node_pin_state"
+    read_result = {"found": {name: found({}) for name in FINDS}}
+    assert (
+        RoleVars("kubernetes_node", __kubernetes_node_pin_state=read_result)["__kubernetes_node_found"]
+        == (read_result["found"])
+    )
+    assert list(FINDS) == ["module_files", "modprobe_links", "sysctl_files"]
+    assert FINDS["modprobe_links"] == {
+        "name": "modprobe_links",
+        "paths": ["/etc/modprobe.d"],
+        "file_type": "link",
+    }
+    assert set(FINDS["module_files"]["paths"]) == {"/etc/modules-load.d", "/etc/modprobe.d"}
