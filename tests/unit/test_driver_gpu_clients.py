@@ -205,8 +205,15 @@ def test_the_role_stops_them_before_judging_the_gpus_free_and_starts_them_in_alw
     starts = [section for section, task in main if included(task) == "start-gpu-clients"]
     assert starts == ["always"]
     block = next(t for t in role_file("tasks/main.yml") if "always" in t)
-    inside = [included(t) for t in block["block"]]
-    assert inside == ["reboot-if-needed", "start-persistenced", "fix-version-mismatch", "reboot-if-needed"]
+    inside = [included(t) or t.get("ansible.builtin.meta", "") for t in block["block"]]
+    # the initramfs rebuild reboot-if-needed.yml flushes first, here too: its include there has a gate
+    assert inside == [
+        "flush_handlers",
+        "reboot-if-needed",
+        "start-persistenced",
+        "fix-version-mismatch",
+        "reboot-if-needed",
+    ]
 
     reboot = [included(t) or t["name"] for _, t in flat(role_file("tasks/reboot-if-needed.yml"))]
     order = [
@@ -221,7 +228,9 @@ def test_the_role_stops_them_before_judging_the_gpus_free_and_starts_them_in_alw
         "find-gpu-workloads",
         "Reboot to load the NVIDIA driver",
     ]
-    mismatch = [included(t) for _, t in flat(role_file("tasks/fix-version-mismatch.yml")) if included(t)]
+    fix = [included(t) for _, t in flat(role_file("tasks/fix-version-mismatch.yml")) if included(t)]
+    assert fix == ["read-gpu-facts", "handle-version-mismatch"]
+    mismatch = [included(t) for _, t in flat(role_file("tasks/handle-version-mismatch.yml")) if included(t)]
     assert mismatch.index("stop-gpu-clients") < mismatch.index("reload-kernel-modules")
     assert mismatch.count("find-gpu-workloads") == 2  # before the stop and after it: what is left decides
 

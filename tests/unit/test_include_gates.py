@@ -1,0 +1,425 @@
+"""The task files a converged node skips whole are included under a gate (issue 19: a skipped task still
+costs a worker per host, a skipped include one task instead of one per task). A gate may skip only what its
+file's tasks would skip themselves: wherever one of them would run, the gate must hold. Here each gate is held
+to its file's tasks over a grid of the states the roles' reads report (files_in_place's differ and stat,
+packages_in_place's verdict, check mode, the reboot reasons, NVML's answer, ...), each condition evaluated by
+Ansible's templar with the role's own defaults and vars, as the role would evaluate it:
+
+- wherever the tasks ran before (the condition the file was entered under then: an import's or a block's
+  `when`, or none) and one of them runs, the gate holds;
+- every task of the file runs somewhere in its grid (the grid reaches each condition);
+- on a converged node the gate is false (the file costs one skipped task).
+
+A task that does not run registers a skipped result for the tasks after it, as Ansible does; one that runs
+registers a changed result (the file is entered then anyway).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from ansible.parsing.dataloader import DataLoader
+from ansible.plugins.loader import filter_loader
+from ansible.template import Templar, trust_as_template
+from role_render import _load_plugins, _trusted
+
+ROOT = Path(__file__).resolve().parents[2]
+KERNEL = "6.8.0-45-generic"
+BLACKLIST = "/etc/modprobe.d/blacklist-nouveau.conf"
+INITRAMFS = f"/boot/initrd.img-{KERNEL}"
+# what a task that ran registers (enough of each module's result for the conditions and loops after it)
+RAN = {
+    "changed": True,
+    "failed": False,
+    "stat": {"exists": True},
+    "stdout": "",
+    "stdout_lines": [],
+    "results": [],
+}
+SKIPPED = {"changed": False, "skipped": True}
+
+
+@dataclass
+class Gate:
+    role: str
+    including: str  # the task file holding the include
+    included: str  # the file it includes
+    was: (
+        str | list[str] | bool
+    )  # the condition the file's tasks ran under before the gate (an import's, a block's)
+    dims: list[list[dict[str, Any]]]  # the grid: each scenario merges one entry of each
+    converged: list[dict[str, Any]]  # a converged node's states: the gate is false there
+    base: dict[str, Any] = field(default_factory=dict)
+    task: str = ""  # the include's name, where the file is included more than once
+
+    @property
+    def id(self) -> str:
+        return f"{self.role}:{self.included}"
+
+
+def dim(name: str, *values: Any) -> list[dict[str, Any]]:
+    return [{name: value} for value in values]
+
+
+CHECK = dim("ansible_check_mode", False, True)
+
+# nvidia_driver
+DRIVER_BASE = {
+    "ansible_facts": {
+        "kernel": KERNEL,
+        "packages": {"nvidia-headless-535": [{"version": "535.183.06-0ubuntu1"}]},
+    },
+    "__nvidia_driver_secure_boot": False,
+    "__nvidia_driver_reboot_reasons": [],
+    "ansible_check_mode": False,
+}
+IN_PLACE = {"in_place": True, "differ": []}
+APT_DIFFERS = {"in_place": False, "differ": ["kmod"]}
+NVML_DIFFERS = {"in_place": False, "differ": ["/opt/nvidia-ml-py"]}
+SOURCES = dim("nvidia_driver_source", "cuda_repo", "ubuntu", "runfile")
+
+
+def files_state(
+    differ: list[str], blacklist: bool, initramfs: bool, older: bool, nouveau: bool
+) -> dict[str, Any]:
+    return {
+        "differ": differ,
+        "stat": {
+            BLACKLIST: {"exists": blacklist, "mtime": 200.0} if blacklist else {"exists": False},
+            INITRAMFS: {"exists": initramfs, "mtime": 100.0 if older else 300.0}
+            if initramfs
+            else {"exists": False},
+            "/sys/module/nouveau": {"exists": nouveau},
+        },
+    }
+
+
+FILES_STATES = [
+    {"__nvidia_driver_files_state": files_state(differ, *flags)}
+    for differ in ([], [BLACKLIST], ["/etc/apt/preferences.d/nvidia-driver.pref"])
+    for flags in itertools.product((False, True), repeat=4)
+]
+CONVERGED_FILES = files_state([], blacklist=True, initramfs=True, older=False, nouveau=False)
+OTHER_BRANCH = {
+    "kernel": KERNEL,
+    "packages": {"nvidia-headless-535": [{"version": "1"}], "nvidia-headless-580": [{"version": "1"}]},
+}
+GPU_WORKLOADS = dim("__nvidia_driver_gpu_workloads", [], ["python3[4242] on /dev/nvidia0"])
+MISMATCH_WAS = [
+    "__nvidia_driver_probe is defined",
+    "__nvidia_driver_probe.msg is defined",
+    "__nvidia_driver_probe.ansible_facts.nvidia is not defined",
+    "'mismatch' in __nvidia_driver_probe.msg | lower",
+]
+NVML_WORKS = {"__nvidia_driver_probe": {"ansible_facts": {"nvidia": {"driver_version": "535.183.06"}}}}
+NO_RECORD = {"units": [], "node_label": {}, "daemonsets": []}
+
+# gpu_tuning
+BOOT_DIR = "/usr/local/lib/gpu-tuning"
+BOOT_DIFFERS = [
+    [],
+    ["/etc/gpu-tuning.json"],
+    [BOOT_DIR],
+    [f"{BOOT_DIR}/nvml_session.py"],
+    [f"{BOOT_DIR}/gpu_tuning_apply.py"],
+    ["/usr/local/sbin/gpu-tuning-apply"],
+    ["/etc/systemd/system/gpu-tuning.service"],
+    ["gpu-tuning.service"],
+]
+
+# cuda_toolkit
+TOOLKIT_DIFFERS = dim(
+    "__cuda_toolkit_files_state", {"differ": []}, {"differ": ["/etc/apt/preferences.d/cuda-toolkit.pref"]},
+    {"differ": ["/etc/profile.d/cuda.sh"]},
+)  # fmt: skip
+TOOLKIT_PACKAGES = {
+    "cuda-toolkit-12-1": [{"version": "12.1.1-1"}],
+    "cuda-nvcc-12-1": [{"version": "12.1.105-1"}],
+}
+
+# control_plane_metrics
+METRICS_DIFFERS = [
+    [],
+    ["/usr/local/lib/control-plane-metrics"],
+    ["/var/lib/control-plane-metrics"],
+    ["/usr/local/lib/control-plane-metrics/control_plane_metrics.py"],
+    ["/var/lib/control-plane-metrics/kubeadm_certificates.prom"],
+    ["/etc/systemd/system/control-plane-metrics.service"],
+    ["/etc/systemd/system/kubeadm-certificates-metrics.service"],
+    ["/etc/systemd/system/kubeadm-certificates-metrics.timer"],
+    ["control-plane-metrics.service"],
+    ["kubeadm-certificates-metrics.timer"],
+]
+
+GATES = [
+    Gate(
+        "nvidia_driver", "main.yml", "install-prerequisites.yml", True,
+        [SOURCES, dim("nvidia_driver_kernel_module_build_deps", True, False),
+         dim("__nvidia_driver_packages_found", IN_PLACE, APT_DIFFERS, NVML_DIFFERS)],
+        [{"nvidia_driver_source": "cuda_repo", "__nvidia_driver_packages_found": IN_PLACE}],
+        DRIVER_BASE,
+    ),
+    Gate(
+        "nvidia_driver", "main.yml", "remove-nouveau.yml", True,
+        [dim("nvidia_driver_source", "cuda_repo", "runfile"),
+         dim("__nvidia_driver_packages_found", IN_PLACE, APT_DIFFERS), FILES_STATES],
+        [{"nvidia_driver_source": "cuda_repo", "__nvidia_driver_packages_found": IN_PLACE,
+          "__nvidia_driver_files_state": CONVERGED_FILES}],
+        DRIVER_BASE,
+    ),
+    Gate(
+        "nvidia_driver", "main.yml", "install-driver-packages.yml", "nvidia_driver_source != 'runfile'",
+        [SOURCES, dim("nvidia_driver_ubuntu_repo_url", "", "http://lab-mirror:8080/ubuntu-restricted/"),
+         CHECK, dim("__nvidia_driver_packages_found", IN_PLACE, APT_DIFFERS),
+         dim("cuda_repository_pending", False, True),
+         dim("ansible_facts", DRIVER_BASE["ansible_facts"], OTHER_BRANCH)],
+        [{"nvidia_driver_source": "cuda_repo", "__nvidia_driver_packages_found": IN_PLACE,
+          "cuda_repository_pending": False, "ansible_check_mode": check} for check in (False, True)],
+        DRIVER_BASE,
+    ),
+    Gate(
+        "nvidia_driver", "main.yml", "install-from-runfile.yml", "nvidia_driver_source == 'runfile'",
+        [SOURCES, dim("__nvidia_driver_runfile_needed", False, True)],
+        [{"nvidia_driver_source": "cuda_repo"}],
+        DRIVER_BASE,
+    ),
+    Gate(
+        "nvidia_driver", "main.yml", "hold-driver-packages.yml", "nvidia_driver_source != 'runfile'",
+        [SOURCES, CHECK, dim("__nvidia_driver_packages_found", IN_PLACE, APT_DIFFERS)],
+        [{"nvidia_driver_source": "cuda_repo", "__nvidia_driver_packages_found": IN_PLACE}],
+        DRIVER_BASE,
+    ),
+    Gate(
+        "nvidia_driver", "main.yml", "reboot-if-needed.yml", True,
+        [dim("__nvidia_driver_reboot_reasons", [], ["nouveau is loaded"], ["driver 535.183.06 installed"]),
+         dim("nvidia_driver_reboot", True, False), CHECK, GPU_WORKLOADS],
+        [{"__nvidia_driver_reboot_reasons": []}],
+        DRIVER_BASE,
+        "Reboot when nouveau is loaded or the driver changed",
+    ),
+    Gate(
+        "nvidia_driver", "fix-version-mismatch.yml", "handle-version-mismatch.yml", MISMATCH_WAS,
+        [[{}, NVML_WORKS,
+          {"__nvidia_driver_probe": {"msg": "Failed to initialize NVML: Driver/library version mismatch"}},
+          {"__nvidia_driver_probe": {"msg": "NVML Shared Library Not Found"}}],
+         dim("nvidia_driver_reload_on_mismatch", True, False), GPU_WORKLOADS, CHECK],
+        [NVML_WORKS],
+        DRIVER_BASE,
+    ),
+    Gate(
+        "nvidia_driver", "start-gpu-clients.yml", "put-back-gpu-clients.yml",
+        "not __nvidia_driver_gpu_clients_restore | nvidia_driver_record_empty",
+        [dim("__nvidia_driver_gpu_clients_restore", NO_RECORD,
+             NO_RECORD | {"units": ["gpu-health-agent.service"]},
+             {"units": [], "node_label": {"nvidia.com/gpu.present": "true"},
+              "daemonsets": ["kube-system/nvidia-device-plugin-daemonset"]}),
+         CHECK, dim("__nvidia_driver_gpu_clients_missing", [], ["monitoring/dcgm-exporter"])],
+        [{"__nvidia_driver_gpu_clients_restore": NO_RECORD}],
+        DRIVER_BASE,
+    ),
+    Gate(
+        "nvidia_driver", "install-fabricmanager.yml", "install-fabricmanager-package.yml",
+        "__nvidia_driver_fabricmanager_wanted | bool",
+        [dim("__nvidia_driver_fabricmanager_wanted", False, True), CHECK],
+        [{"__nvidia_driver_fabricmanager_wanted": False}],
+        DRIVER_BASE,
+    ),
+    Gate(
+        "gpu_tuning", "install-boot-unit.yml", "write-boot-unit.yml", "gpu_tuning_boot_unit",
+        [dim("gpu_tuning_boot_unit", True, False),
+         dim("__gpu_tuning_boot_state", *({"differ": d} for d in BOOT_DIFFERS)), CHECK],
+        [{"gpu_tuning_boot_unit": True, "__gpu_tuning_boot_state": {"differ": []}}],
+        {"ansible_check_mode": False},
+    ),
+    Gate(
+        "gpu_tuning", "install-boot-unit.yml", "remove-boot-unit.yml", "not gpu_tuning_boot_unit",
+        [dim("gpu_tuning_boot_unit", True, False),
+         dim("ansible_facts", {"services": {}}, {"services": {"gpu-tuning.service": {"state": "stopped"}}})],
+        [{"gpu_tuning_boot_unit": True}],
+    ),
+    Gate(
+        "cuda_toolkit", "main.yml", "install-toolkit.yml", True,
+        [TOOLKIT_DIFFERS, dim("__cuda_toolkit_packages_found", {"in_place": True}, {"in_place": False}),
+         dim("cuda_repository_pending", False, True), CHECK,
+         dim("ansible_facts", {"packages": {}}, {"packages": TOOLKIT_PACKAGES})],
+        [{"__cuda_toolkit_files_state": {"differ": []}, "__cuda_toolkit_packages_found": {"in_place": True},
+          "cuda_repository_pending": False, "ansible_check_mode": check} for check in (False, True)],
+        {"ansible_check_mode": False, "ansible_facts": {"packages": TOOLKIT_PACKAGES}},
+    ),
+    Gate(
+        "cuda_toolkit", "main.yml", "write-profile-script.yml", True,
+        [TOOLKIT_DIFFERS, dim("cuda_toolkit_profile_script", True, False)],
+        [{"__cuda_toolkit_files_state": {"differ": []}}],
+    ),
+    Gate(
+        "control_plane_metrics", "main.yml", "install-exporter.yml", True,
+        [dim("__control_plane_metrics_state", *({"differ": d} for d in METRICS_DIFFERS)), CHECK],
+        [{"__control_plane_metrics_state": {"differ": []}}],
+        {"ansible_check_mode": False},
+    ),
+]  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------ the role's files
+def load(role: str, path: str) -> Any:
+    return yaml.safe_load((ROOT / "roles" / role / path).read_text())
+
+
+@cache
+def role_vars(role: str) -> dict[str, Any]:
+    variables: dict[str, Any] = {}
+    for path in ("defaults/main.yml", "vars/main.yml"):
+        variables |= load(role, path) or {}
+    return variables
+
+
+def conditions(when: Any) -> list[Any]:
+    return [] if when is None else list(when) if isinstance(when, list) else [when]
+
+
+def flat(entries: list[dict[str, Any]], outer: list[Any], outer_vars: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every task, blocks flattened: its `when` with its blocks' before it, its vars with its blocks'."""
+    out = []
+    for entry in entries or []:
+        when = outer + conditions(entry.get("when"))
+        variables = outer_vars | (entry.get("vars") or {})
+        if "block" in entry:
+            for part in ("block", "rescue", "always"):
+                out += flat(entry.get(part) or [], when, variables)
+        else:
+            out.append(entry | {"when": when, "vars": variables})
+    return out
+
+
+def gate_task(gate: Gate) -> dict[str, Any]:
+    (task,) = [
+        t
+        for t in flat(load(gate.role, f"tasks/{gate.including}"), [], {})
+        if t.get("ansible.builtin.include_tasks") == gate.included and t["name"].startswith(gate.task)
+    ]
+    return task
+
+
+def inner_tasks(gate: Gate) -> list[dict[str, Any]]:
+    """The included file's tasks; reboot-if-needed.yml's handler flush is its caller's too (test below)."""
+    return [
+        t
+        for t in flat(load(gate.role, f"tasks/{gate.included}"), [], {})
+        if t.get("ansible.builtin.meta") != "flush_handlers"
+    ]
+
+
+# ---------------------------------------------------------------------------------------- Ansible's verdicts
+@cache
+def loader() -> DataLoader:
+    _load_plugins()
+    for path in sorted(ROOT.glob("roles/*/filter_plugins")):
+        filter_loader.add_directory(str(path))
+    return DataLoader()
+
+
+def templar(role: str, variables: dict[str, Any]) -> Templar:
+    return Templar(loader=loader(), variables=_trusted(role_vars(role) | variables))
+
+
+def holds(role: str, when: list[Any], variables: dict[str, Any]) -> bool:
+    engine = templar(role, variables)
+    return all(c if isinstance(c, bool) else engine.evaluate_conditional(trust_as_template(c)) for c in when)
+
+
+def runs(role: str, task: dict[str, Any], variables: dict[str, Any]) -> bool:
+    """Whether the task calls its module (or includes its file) at least once, with the state VARIABLES."""
+    scope = variables | task["vars"]
+    if "loop" not in task:
+        return holds(role, task["when"], scope)
+    items = templar(role, scope).template(_trusted(task["loop"]))
+    loop_var = (task.get("loop_control") or {}).get("loop_var", "item")
+    return any(holds(role, task["when"], scope | {loop_var: item}) for item in items)
+
+
+def scenarios(gate: Gate) -> list[dict[str, Any]]:
+    return [
+        {key: value for part in combination for key, value in part.items()}
+        for combination in itertools.product(*gate.dims)
+    ]
+
+
+def which_run(gate: Gate, state: dict[str, Any]) -> list[str]:
+    """The tasks of the file that run in STATE, in order, each seeing what the ones before it registered."""
+    variables = gate.base | state
+    ran = []
+    for task in inner_tasks(gate):
+        did = runs(gate.role, task, variables)
+        if did:
+            ran.append(task["name"])
+        if "register" in task:
+            variables = variables | {task["register"]: RAN if did else SKIPPED}
+    return ran
+
+
+@cache
+def grid(gate_id: str) -> list[tuple[dict[str, Any], list[str]]]:
+    """Each state of the grid where the file was entered before its gate, with the tasks that run there."""
+    (gate,) = [g for g in GATES if g.id == gate_id]
+    return [
+        (state, which_run(gate, state))
+        for state in scenarios(gate)
+        if holds(gate.role, conditions(gate.was), gate.base | state)
+    ]
+
+
+@pytest.mark.parametrize("gate", GATES, ids=[g.id for g in GATES])
+def test_the_gate_holds_wherever_a_task_of_its_file_would_run(gate: Gate) -> None:
+    gate_when = gate_task(gate)["when"]
+    for state, ran in grid(gate.id):
+        assert not ran or holds(gate.role, gate_when, gate.base | state), (
+            f"{gate.id}: the gate {gate_when} is false where {ran[0]!r} runs: {state}"
+        )
+
+
+@pytest.mark.parametrize("gate", GATES, ids=[g.id for g in GATES])
+def test_every_task_of_a_gated_file_runs_somewhere_in_its_grid(gate: Gate) -> None:
+    seen = {name for _, ran in grid(gate.id) for name in ran}
+    assert {t["name"] for t in inner_tasks(gate)} - seen == set(), f"{gate.id}: the grid never reaches these"
+
+
+@pytest.mark.parametrize("gate", GATES, ids=[g.id for g in GATES])
+def test_a_converged_node_skips_the_file_at_its_gate(gate: Gate) -> None:
+    for state in gate.converged:
+        variables = gate.base | state
+        if holds(gate.role, conditions(gate.was), variables):
+            assert which_run(gate, state) == [], f"{gate.id}: not converged: {state}"
+        assert not holds(gate.role, gate_task(gate)["when"], variables), f"{gate.id}: {state}"
+
+
+def test_the_handlers_flush_before_the_reboot_file_whether_or_not_it_is_entered() -> None:
+    """reboot-if-needed.yml flushes the handlers first (a new initramfs before a reboot; the persistenced
+    restart while no reboot is pending): the role's block does it before its gated include, as the file did on
+    every run."""
+    first = load("nvidia_driver", "tasks/reboot-if-needed.yml")[0]
+    assert first.get("ansible.builtin.meta") == "flush_handlers"
+    block = next(t for t in load("nvidia_driver", "tasks/main.yml") if "always" in t)["block"]
+    steps = [t.get("ansible.builtin.meta") or t.get("ansible.builtin.include_tasks") for t in block]
+    assert steps[:2] == ["flush_handlers", "reboot-if-needed.yml"]
+    assert block[1]["when"] == "__nvidia_driver_reboot_reasons | length > 0"
+
+
+def test_a_register_of_a_gated_file_read_outside_it_is_read_as_skipped_where_it_was_not_entered() -> None:
+    """The results an unentered file leaves undefined: the check mode repository verdict (nvidia_driver's
+    vars) and the metrics exporter's handler read them as not changed."""
+    for check in (False, True):
+        driver = DRIVER_BASE | {"nvidia_driver_source": "ubuntu", "ansible_check_mode": check}
+        assert (
+            templar("nvidia_driver", driver).template(
+                trust_as_template("{{ __nvidia_driver_repository_pending }}")
+            )
+            is False
+        )
+        (handler,) = load("control_plane_metrics", "handlers/main.yml")
+        assert holds("control_plane_metrics", conditions(handler["when"]), {"ansible_check_mode": check})
