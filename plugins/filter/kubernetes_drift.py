@@ -183,6 +183,23 @@ def k8s_not_as_rendered(objects: Iterable[Mapping[str, Any]], live: Iterable[Map
     ]
 
 
+def k8s_labelled(objects: Iterable[Mapping[str, Any]], labels: Mapping[str, str]) -> list[Any]:
+    """The objects of OBJECTS whose labels hold every key of LABELS with its value, as a label selector's
+    matchLabels selects (a key with dots and slashes, which selectattr cannot name)."""
+    return [
+        obj
+        for obj in objects
+        if all(
+            ((obj.get("metadata") or {}).get("labels") or {}).get(key) == value
+            for key, value in labels.items()
+        )
+    ]
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"k8s_kinds": k8s_kinds, "k8s_not_as_rendered": k8s_not_as_rendered}
+        return {
+            "k8s_kinds": k8s_kinds,
+            "k8s_labelled": k8s_labelled,
+            "k8s_not_as_rendered": k8s_not_as_rendered,
+        }

@@ -503,3 +503,22 @@ def test_a_security_setting_removed_in_the_cluster_is_drift(
         assert drift.k8s_not_as_rendered([deployment], live_now) == [deployment]
     finally:
         kube_control_plane.kubectl("delete", "namespace", namespace, "--wait=false")
+
+
+def test_labelled_selects_as_match_labels_does() -> None:
+    mine = {
+        "metadata": {
+            "name": "a",
+            "labels": {"app.kubernetes.io/managed-by": "serving_network_policy", "x": "1"},
+        }
+    }
+    other = {"metadata": {"name": "b", "labels": {"app.kubernetes.io/managed-by": "someone-else"}}}
+    bare = {"metadata": {"name": "c"}}
+    empty = {"metadata": {"name": "d", "labels": None}}
+    objects = [mine, other, bare, empty]
+    assert drift.k8s_labelled(objects, {"app.kubernetes.io/managed-by": "serving_network_policy"}) == [mine]
+    assert (
+        drift.k8s_labelled(objects, {"app.kubernetes.io/managed-by": "serving_network_policy", "x": "2"})
+        == []
+    )
+    assert drift.k8s_labelled(objects, {}) == objects
