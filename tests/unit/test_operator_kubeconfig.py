@@ -244,3 +244,38 @@ def test_the_role_decides_who_gets_a_new_kubeconfig_and_says_why(
     assert decided["soon"].startswith("its certificate ends in 10.0 days")
     assert decided["grouped"].startswith("its certificate carries groups system:masters")
     assert decided["none"] == "no kubeconfig with a client certificate"
+
+
+def test_a_fresh_server_gets_each_operators_kube_directory(tmp_path: Path) -> None:
+    """The role's own directory task over the accounts its read makes, where ~/.kube is not there yet (a new
+    server's first run): made, the operator's and mode 0700. A key the accounts lack fails the task."""
+    tasks = yaml.safe_load((ROOT / "roles/kubeadm_control_plane/tasks/operator-kubeconfigs.yml").read_text())
+    (create,) = [t for t in tasks if t["name"] == "Create the operators' ~/.kube"]
+    role_vars = yaml.safe_load((ROOT / "roles/kubeadm_control_plane/vars/main.yml").read_text())
+    home = tmp_path / "home"
+    home.mkdir()
+    entry = {"item": "root", "ansible_facts": {"getent_passwd": {"root": ["x", "0", "0", "", str(home)]}}}
+    play = [
+        {
+            "hosts": "localhost",
+            "gather_facts": False,
+            "vars": {
+                "__kubeadm_control_plane_operator_entries": {"results": [entry]},
+                "__kubeadm_control_plane_operator_accounts": role_vars[
+                    "__kubeadm_control_plane_operator_accounts"
+                ],
+                "__kubeadm_control_plane_operator_reads": {"differ": [str(home / ".kube")]},
+            },
+            "tasks": [create],
+        }
+    ]
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
+    run = subprocess.run(
+        [str(ROOT / ".venv/bin/ansible-playbook"), "-i", "localhost,", "-c", "local", "play.yml",
+         "-e", f"ansible_python_interpreter={sys.executable}"],
+        cwd=tmp_path, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "ANSIBLE_NOCOLOR": "1"},
+        timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:]
+    made = (home / ".kube").stat()
+    assert (made.st_mode & 0o777, made.st_uid, made.st_gid) == (0o700, 0, 0)
