@@ -289,6 +289,7 @@ from typing import Any
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.gpu_host import device_processes, nvswitch_pci_devices
 from ansible.module_utils.gpu_inventory import read_node, topology_matrix
+from ansible.module_utils.gpu_node_facts import node_facts, nvswitch_facts
 from ansible.module_utils.nvml_session import (
     NVML_VENV,
     NvmlUnavailable,
@@ -296,24 +297,6 @@ from ansible.module_utils.nvml_session import (
     nvml_session,
     require_pynvml,
 )
-
-
-def nvml_switch_links(gpus: list[dict[str, Any]]) -> int:
-    """NVLinks whose far end is an NVSwitch, up or not (an HGX board's come up only once fabric manager
-    runs), and, for drivers that report no far-end type, active links to no GPU of this node."""
-    count = 0
-    for gpu in gpus:
-        for link in gpu["nvlinks"]:
-            remote_type = link["remote_device_type"]
-            untyped_to_no_gpu = link["active"] and link["remote_gpu_index"] is None and remote_type != "gpu"
-            if remote_type == "switch" or untyped_to_no_gpu:
-                count += 1
-    return count
-
-
-def nvswitch_facts(pci_devices: list[str], gpus: list[dict[str, Any]] | None) -> dict[str, Any]:
-    links = None if gpus is None else nvml_switch_links(gpus)
-    return {"present": bool(pci_devices) or bool(links), "pci_devices": pci_devices, "nvml_links": links}
 
 
 def main() -> None:
@@ -345,12 +328,7 @@ def main() -> None:
     for gpu in node.gpus:
         if gpu.error_message:
             module.warn(gpu.error_message)
-    facts = dict(node.system)
-    facts["gpus"] = [gpu.facts for gpu in node.gpus]
-    facts["topology"] = topology
-    facts["device_processes"] = holders
-    facts["nvswitches"] = nvswitch_facts(switches, facts["gpus"])
-    facts["nvml_venv"] = NVML_VENV
+    facts = node_facts(node, topology, holders, switches)
     module.exit_json(changed=False, nvml_venv=NVML_VENV, ansible_facts={"nvidia": facts})
 
 

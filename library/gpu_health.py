@@ -60,6 +60,14 @@ options:
       - Fail the task when the node's verdict is C(unhealthy). A C(degraded) node never fails the task.
     type: bool
     default: false
+  facts:
+    description:
+      - Also return the node's facts as M(gpu_facts) returns them (C(ansible_facts.nvidia)), from the same
+        NVML session the verdict is judged on, instead of a second module call that starts NVML again (the
+        status report, playbooks/report.yml).
+      - None where NVML did not answer; the verdict's C(nvml_error) message says why.
+    type: bool
+    default: false
 attributes:
   check_mode:
     support: full
@@ -185,15 +193,24 @@ msg:
   returned: always
   type: str
   sample: "unhealthy: GPU 2 ecc_uncorrectable_volatile"
+ansible_facts:
+  description: With O(facts=true), C(nvidia), the node's facts exactly as M(gpu_facts) returns them
+    (module_utils/gpu_node_facts.py), read in the NVML session the verdict is judged on.
+  returned: when O(facts=true) and NVML answered
+  type: dict
 """
 
+import os
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.gpu_health_rules import HEALTHY, UNHEALTHY
+from ansible.module_utils.gpu_host import device_processes, nvswitch_pci_devices
+from ansible.module_utils.gpu_inventory import read_node, topology_matrix
 from ansible.module_utils.gpu_kernel_log import DEFAULT_KERNEL_LOG
+from ansible.module_utils.gpu_node_facts import node_facts
 from ansible.module_utils.gpu_node_health import assess_node, read_xids
-from ansible.module_utils.nvml_session import require_pynvml
+from ansible.module_utils.nvml_session import NvmlUnavailable, nvml_session, require_pynvml
 
 
 def summarise(verdict: str, node_reasons: list[str], gpus: list[dict[str, Any]]) -> str:
@@ -202,15 +219,32 @@ def summarise(verdict: str, node_reasons: list[str], gpus: list[dict[str, Any]])
     return verdict + (": " + "; ".join(parts) if parts else "")
 
 
+def read_facts(nvml: Any) -> tuple[Any, dict[str, Any] | None]:
+    """The node as read_node reads it and its facts as gpu_facts returns them, in one NVML session; (None,
+    None) where NVML does not answer (assess_node then reads again and tells why)."""
+    # From /proc and /sys, before NVML opens any device, as gpu_facts reads them.
+    holders = device_processes(exclude_pids={os.getpid()})
+    switches = nvswitch_pci_devices()
+    try:
+        with nvml_session(nvml):
+            reading = read_node(nvml)
+            topology = topology_matrix(nvml, reading.gpus)
+    except (NvmlUnavailable, nvml.NVMLError):  # assess_node reads again and reports why
+        return None, None
+    return reading, node_facts(reading, topology, holders, switches)
+
+
 def assess(module: AnsibleModule, nvml: Any) -> dict[str, Any]:
     params = module.params
     events, log_error = read_xids(params["kernel_log"])
+    reading, facts = read_facts(nvml) if params["facts"] else (None, None)
     node = assess_node(
         nvml,
         params["expected_gpu_count"],
         params["corrected_errors_threshold"],
         events,
         kernel_log_error=log_error,
+        node=reading,
     )
     node.pop("settled")  # every burst is judged as final here (the agent waits for late containment Xids)
     return {
@@ -218,6 +252,7 @@ def assess(module: AnsibleModule, nvml: Any) -> dict[str, Any]:
         **node,
         "healthy": node["verdict"] == HEALTHY,
         "msg": summarise(node["verdict"], node["reasons"], node["gpus"]),
+        **({"ansible_facts": {"nvidia": facts}} if facts is not None else {}),
     }
 
 
@@ -228,6 +263,7 @@ def main() -> None:
             "corrected_errors_threshold": {"type": "int"},
             "kernel_log": {"type": "str", "default": DEFAULT_KERNEL_LOG},
             "fail_on_unhealthy": {"type": "bool", "default": False},
+            "facts": {"type": "bool", "default": False},
         },
         supports_check_mode=True,
     )

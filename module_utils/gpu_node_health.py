@@ -19,7 +19,7 @@ from ansible.module_utils.gpu_health_rules import (
     worst,
     xid_findings,
 )
-from ansible.module_utils.gpu_inventory import read_node
+from ansible.module_utils.gpu_inventory import NodeReading, read_node
 from ansible.module_utils.gpu_kernel_log import load_cleared, read_log, uncleared
 from ansible.module_utils.gpu_xid import ACTION_PLAYBOOK, XidEvent, incidents, worst_action
 from ansible.module_utils.nvml_session import NvmlUnavailable, describe_error, nvml_session
@@ -54,6 +54,7 @@ def assess_node(
     xid_events: Iterable[XidEvent] = (),
     now_usec: int | None = None,
     kernel_log_error: str | None = None,
+    node: NodeReading | None = None,
 ) -> dict[str, Any]:
     """Verdict, action, node-level reasons and messages, and one entry per GPU.
 
@@ -61,7 +62,8 @@ def assess_node(
     (index, uuid, pci_bus_id, verdict, action, reasons, messages, xids), ``gpu_count`` and ``driver_version``
     (None when NVML could not be read).
     ``xid_events``: the Xids not cleared by a reset; ``now_usec``: the kernel log's clock (bursts that may
-    still get their containment Xid wait), None to judge every burst as final.
+    still get their containment Xid wait), None to judge every burst as final. ``node``: the node as the
+    caller just read it (read_node, in its own NVML session), not read again here.
     """
     events = list(xid_events)
     bursts = incidents(events, now_usec)
@@ -69,8 +71,9 @@ def assess_node(
     node_level: list[Finding] = []
     gpus: list[dict[str, Any]] = []
     try:
-        with nvml_session(nvml):
-            node = read_node(nvml)
+        if node is None:
+            with nvml_session(nvml):
+                node = read_node(nvml)
     except NvmlUnavailable as exc:
         node_level.append(Finding("nvml_error", str(exc)))
     except nvml.NVMLError as exc:

@@ -232,3 +232,31 @@ def test_the_recovery_action_of_a_newer_driver_decides(pcie_node: FakeNode) -> N
     result = health()
     assert result["action"] == "reboot_node"
     assert result["gpus"][0]["reasons"] == ["ecc_uncorrectable_volatile", "nvml_recovery_action", "xid_154"]
+
+
+@pytest.mark.parametrize("shape", ["pcie_node", "hgx_node"])
+def test_facts_are_gpu_facts_own_from_the_same_session(shape: str, request: pytest.FixtureRequest) -> None:
+    """facts=true returns ansible_facts.nvidia as gpu_facts does (the status report's one NVML call), and the
+    verdict judged on that read; without it no facts, as before."""
+    import gpu_facts
+
+    node: FakeNode = request.getfixturevalue(shape)
+    node.ctl("ecc", "--gpu", "1", "--uncorrectable", "1")
+    with_facts = health({"expected_gpu_count": node.gpu_count, "facts": True})
+    failed, alone = run_module(gpu_facts, {})
+    assert not failed, alone["msg"]
+    facts, expected = with_facts["ansible_facts"]["nvidia"], alone["ansible_facts"]["nvidia"]
+    # the device processes hold the module's own run (its pid differs between the two runs)
+    assert {**facts, "device_processes": []} == {**expected, "device_processes": []}
+    assert facts["gpu_count"] == node.gpu_count and facts["driver_version"] == "535.183.06"
+    assert with_facts["gpus"][1]["reasons"] == ["ecc_uncorrectable_volatile"]
+    without = health({"expected_gpu_count": node.gpu_count})
+    assert "ansible_facts" not in without
+    assert {k: v for k, v in with_facts.items() if k != "ansible_facts"} == without
+
+
+def test_facts_are_left_out_where_nvml_does_not_answer(pcie_node: FakeNode) -> None:
+    pcie_node.ctl("kernel-version", "550.54.15")  # driver/library version mismatch
+    result = health({"facts": True})
+    assert "ansible_facts" not in result
+    assert result["verdict"] == "unhealthy" and result["reasons"] == ["nvml_error"]
