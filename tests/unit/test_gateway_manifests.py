@@ -350,3 +350,88 @@ def test_bad_input_is_refused_naming_the_variable(
 def test_good_input_passes_validation(tmp_path: Path) -> None:
     result = validate(tmp_path)
     assert result.returncode == 0, result.stdout[-3000:]
+
+
+# ---------------------------------------------------------- the role's one read of the API (read-rollout.yml)
+GATEWAY_TASKS = ROOT / "roles" / "llm_gateway" / "tasks"
+
+
+def identity(obj: dict[str, Any]) -> tuple[str, str, str, str]:
+    return (obj["apiVersion"], obj["kind"], obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
+
+
+def test_one_read_brings_the_canary_state_and_every_object_the_role_applies(
+    rendered: dict[str, Any], tmp_path: Path
+) -> None:
+    """read-rollout.yml's k8s_live_objects call, no_log, asks for the rollout ConfigMap, the JWT Secret and
+    the four objects by identity, rendered before the canary state is known: the same identities render.yml
+    makes with a canary or without (a state changes the configuration and its checksum, never a name), so a
+    converged cluster holds them as rendered and apply.yml applies nothing. The canary state is the rollout
+    ConfigMap's (by name, not another ConfigMap's key), '' without it."""
+    tasks = yaml.safe_load((GATEWAY_TASKS / "read-rollout.yml").read_text())
+    (read,) = [t for t in tasks if "k8s_live_objects" in t]
+    (keep,) = [t for t in tasks if t["name"] == "Keep the canary state"]
+    assert read["no_log"] is True and read["register"] == "__llm_gateway_live"
+    assert tasks.index(read) < tasks.index(keep)
+    apply_tasks = yaml.safe_load((GATEWAY_TASKS / "apply.yml").read_text())
+    assert not [t for t in apply_tasks if "k8s_live_objects" in t or "kubernetes.core.k8s_info" in t]
+    assert all("__llm_gateway_live.resources" in json.dumps(t) for t in apply_tasks[1:])
+    main = [
+        t.get("ansible.builtin.import_tasks")
+        for t in yaml.safe_load((GATEWAY_TASKS / "main.yml").read_text())
+    ]
+    assert main.index("read-rollout.yml") < main.index("apply.yml")
+
+    read_vars = {k: v for k, v in read["vars"].items() if k != "ansible_python_interpreter"}
+    (tmp_path / "templates").symlink_to(ROOT / "roles" / "llm_gateway" / "templates")  # the role's lookups
+    state = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "llm-rollout", "namespace": "serving"},
+        "data": {"state.json": CANARY},
+    }
+    decoy = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "other", "namespace": "serving"},
+        "data": {"state.json": "{}"},
+    }
+    play = [
+        {"ansible.builtin.include_role": {"name": "llm_gateway", "tasks_from": "validate", "public": True}},
+        {
+            "name": "Write what the read asks for",
+            "ansible.builtin.copy": {
+                "dest": str(tmp_path / "ids.json"),
+                "mode": "0600",
+                "content": "{{ __asked | to_json }}",
+            },
+            "vars": {**read_vars, "__asked": read["k8s_live_objects"]["objects"]},
+        },
+        {**keep, "vars": {"__llm_gateway_live": {"resources": [decoy, state]}}},
+        {
+            "ansible.builtin.copy": {
+                "dest": str(tmp_path / "canary.txt"),
+                "mode": "0600",
+                "content": "{{ _llm_gateway_rollout_state | to_json }}",
+            }
+        },
+        {**keep, "vars": {"__llm_gateway_live": {"resources": [decoy]}}},
+        {
+            "ansible.builtin.copy": {
+                "dest": str(tmp_path / "none.txt"),
+                "mode": "0600",
+                "content": "{{ _llm_gateway_rollout_state | to_json }}",
+            }
+        },
+    ]
+    result = playbook(tmp_path, good_vars(), play)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    asked = [identity(o) for o in json.loads((tmp_path / "ids.json").read_text())]
+    for data in (rendered["canary"], rendered["plain"]):
+        assert asked == [
+            ("v1", "ConfigMap", "serving", "llm-rollout"),
+            identity(data["secret"]),
+            *map(identity, data["objects"]),
+        ]
+    assert json.loads((tmp_path / "canary.txt").read_text()) == CANARY
+    assert json.loads((tmp_path / "none.txt").read_text()) == ""

@@ -125,23 +125,81 @@ def test_the_filter_tells_what_needs_a_new_kubeconfig(cluster: tuple[Path, str],
         }
 
 
-def test_only_the_bindings_of_operators_no_longer_listed_are_deleted(tmp_path: Path) -> None:
-    """The role's loop over the bindings it labelled, as Ansible renders it."""
+def crb(name: str, labels: dict[str, str] | None) -> dict[str, object]:
+    metadata: dict[str, object] = {"name": name, **({"labels": labels} if labels is not None else {})}
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": metadata}
+
+
+MINE = {"app.kubernetes.io/managed-by": "kubeadm_control_plane"}
+OPERATOR = "llm-platform.io/operator"
+# every ClusterRoleBinding, as the role's read of the API finds them (all_of), beside the objects it reads
+READ = [
+    {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "kubeadm-config", "namespace": "kube-system"},
+    },
+    {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "cp-1", "labels": {**MINE, OPERATOR: "x"}}},
+    crb("cluster-admin", {"kubernetes.io/bootstrapping": "rbac-defaults"}),
+    crb("kubeadm:cluster-admins", None),
+    crb("labelled-none", {}),
+    crb("mine-without-operator", MINE),
+    crb("llm-platform:operator:eve", {"app.kubernetes.io/managed-by": "someone-else", OPERATOR: "eve"}),
+    *[crb(f"llm-platform:operator:{who}", {**MINE, OPERATOR: who}) for who in ("ops", "alice", "bob")],
+]
+
+
+@pytest.mark.parametrize(
+    ("reads", "runs_own_read", "held"),
+    [
+        # the role's run: its first read of the API (compare-running-config.yml) brought them
+        ({"__kubeadm_control_plane_running": {"resources": READ}}, False, ["ops", "alice", "bob"]),
+        # operator-kubeconfigs.yml alone (renew-certs.yml): its own read
+        ({"__kubeadm_control_plane_operator_bindings": {"resources": READ}}, True, ["ops", "alice", "bob"]),
+        # no cluster (--check on a fresh server): neither read runs
+        ({"__kubeadm_control_plane_has_cluster": False, "__kubeadm_control_plane_running": {"skipped": True},
+          "__kubeadm_control_plane_operator_bindings": {"skipped": True}}, False, []),
+    ],
+    ids=["role-run", "tasks-from-alone", "no-cluster"],
+)  # fmt: skip
+def test_only_the_bindings_of_operators_no_longer_listed_are_deleted(
+    tmp_path: Path, reads: dict[str, object], runs_own_read: bool, held: list[str]
+) -> None:
+    """The role's bindings, of every ClusterRoleBinding one read found (labelled managed-by
+    kubeadm_control_plane, with the llm-platform.io/operator key), as Ansible renders the role's variable;
+    the delete loop over them; operator-kubeconfigs.yml reads them itself only where the role's first read did
+    not (a run of the file alone)."""
     tasks = yaml.safe_load((ROOT / "roles/kubeadm_control_plane/tasks/operator-kubeconfigs.yml").read_text())
     (delete,) = [t for t in tasks if t["name"].startswith("Delete the bindings of operators")]
-    bindings = [
-        {"metadata": {"name": f"llm-platform:operator:{who}", "labels": {"llm-platform.io/operator": who}}}
-        for who in ("ops", "alice", "bob")
+    (own_read,) = [t for t in tasks if t["name"] == "Read the operators' bindings the cluster holds"]
+    assert own_read["k8s_live_objects"]["all_of"] == [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding"}
     ]
+    (bind,) = [t for t in tasks if t["name"].startswith("Bind each operator")]
+    assert "__kubeadm_control_plane_operator_bindings_held" in bind["when"][1]
+    role_vars = yaml.safe_load((ROOT / "roles/kubeadm_control_plane/vars/main.yml").read_text())
     play = [
         {
             "hosts": "localhost",
             "gather_facts": False,
             "vars": {
-                "__kubeadm_control_plane_operator_bindings": {"resources": bindings},
+                "__kubeadm_control_plane_has_cluster": True,
+                **reads,
+                "__kubeadm_control_plane_operator_bindings_held": role_vars[
+                    "__kubeadm_control_plane_operator_bindings_held"
+                ],
                 "kubeadm_control_plane_operators": ["ops", "carol"],
             },
-            "tasks": [{"ansible.builtin.debug": {"msg": "deleting {{ item }}"}, "loop": delete["loop"]}],
+            "tasks": [
+                {"ansible.builtin.debug": {"msg": "own read"}, "when": own_read["when"]},
+                {
+                    "ansible.builtin.debug": {
+                        "msg": "held {{ item.metadata.labels['llm-platform.io/operator'] }}"
+                    },
+                    "loop": "{{ __kubeadm_control_plane_operator_bindings_held }}",
+                },
+                {"ansible.builtin.debug": {"msg": "deleting {{ item }}"}, "loop": delete["loop"]},
+            ],
         }
     ]
     (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
@@ -150,12 +208,40 @@ def test_only_the_bindings_of_operators_no_longer_listed_are_deleted(tmp_path: P
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        env={"PATH": "/usr/bin:/bin", "ANSIBLE_NOCOLOR": "1"},
+        env={
+            "PATH": "/usr/bin:/bin",
+            "ANSIBLE_NOCOLOR": "1",
+            "ANSIBLE_FILTER_PLUGINS": str(ROOT / "plugins/filter"),
+        },
         timeout=120,
     )
     assert run.returncode == 0, run.stdout[-2000:]
+    assert ('"own read"' in run.stdout) == runs_own_read, run.stdout[-2000:]
+    assert re.findall(r'"held (\S+)"', run.stdout) == held, run.stdout[-2000:]
     deleted = sorted(set(re.findall(r'"deleting (\S+)"', run.stdout)))
-    assert deleted == ["llm-platform:operator:alice", "llm-platform:operator:bob"], run.stdout[-2000:]
+    expected = ["llm-platform:operator:alice", "llm-platform:operator:bob"] if held else []
+    assert deleted == expected, run.stdout[-2000:]
+
+
+def test_the_role_reads_the_bindings_with_the_running_configuration_before_it_uses_them() -> None:
+    """compare-running-config.yml's read (every ClusterRoleBinding, all_of) runs where the cluster is, before
+    operator-kubeconfigs.yml, as the k8s_info of the bindings it replaces did."""
+    tasks_dir = ROOT / "roles/kubeadm_control_plane/tasks"
+    (read,) = [t for t in yaml.safe_load((tasks_dir / "compare-running-config.yml").read_text())
+               if "k8s_live_objects" in t]  # fmt: skip
+    assert read["register"] == "__kubeadm_control_plane_running"
+    assert read["when"] == "__kubeadm_control_plane_has_cluster"
+    assert {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding"} in read[
+        "k8s_live_objects"
+    ]["all_of"]
+    main = [
+        t.get("ansible.builtin.import_tasks") for t in yaml.safe_load((tasks_dir / "main.yml").read_text())
+    ]
+    assert main.index("compare-running-config.yml") < main.index("operator-kubeconfigs.yml")
+    for between in main[
+        main.index("compare-running-config.yml") + 1 : main.index("operator-kubeconfigs.yml")
+    ]:
+        assert "ClusterRoleBinding" not in (tasks_dir / between).read_text(), between
 
 
 def test_the_role_decides_who_gets_a_new_kubeconfig_and_says_why(
