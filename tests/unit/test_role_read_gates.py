@@ -7,6 +7,8 @@ The no-op rules themselves are held to the builtin modules in test_files_in_plac
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -340,3 +342,202 @@ def test_the_kubelet_is_started_in_a_cluster_with_or_without_the_roles_read(memb
     )
     assert with_read["__kubernetes_node_in_cluster"] is member
     assert alone["__kubernetes_node_in_cluster"] is member
+
+
+# ------------------------------------------------------------ reads folded into a role's files_in_place read
+def task_named(path: str, name: str) -> dict[str, Any]:
+    """The task of roles/<path> named ``name`` (blocks walked into)."""
+    found: list[dict[str, Any]] = []
+
+    def walk(items: list[dict[str, Any]]) -> None:
+        for task in items or []:
+            if task.get("name") == name:
+                found.append(task)
+            for key in ("block", "rescue", "always"):
+                walk(task.get(key) or [])
+
+    walk(yaml.safe_load((ROOT / "roles" / path).read_text()))
+    (task,) = found
+    return task
+
+
+COMMON_READ = (
+    "Find which of the role's files and edits differ from what it writes, and whether chrony is enabled"
+    " and running"
+)
+CLOUD_INIT_COPY = "Keep cloud-init from changing the host name ({{ common_cloud_init_dropin }})"
+
+
+def cloud_init_copy_runs(
+    tmp_path: Path,
+    directory: bool,
+    dropin: bytes | None = None,
+    mode: int = 0o644,
+    link: bool = False,
+    manage: bool = True,
+) -> bool:
+    """Whether common's cloud-init drop-in copy (names.yml) runs, over what the role's read (tasks/main.yml:
+    its stat of cloud-init's configuration directory and of the drop-in, __common_stat) really finds."""
+    config_dir = tmp_path / "cloud.cfg.d"
+    dest = config_dir / "99-llm-platform-hostname.cfg"
+    if directory:
+        config_dir.mkdir()
+    if dropin is not None:
+        written = tmp_path / "written.cfg" if link else dest
+        written.write_bytes(dropin)
+        written.chmod(mode)
+        if link:
+            dest.symlink_to(written)
+    values = {"common_cloud_init_dropin": str(dest), "common_hostname_manage": manage}
+    paths = common(**values)["__common_stat"]
+    assert paths == ([str(config_dir), str(dest)] if manage else [])
+    failed, read = run_module(files_in_place, {"stat": paths})
+    assert not failed, read["msg"]
+    if dropin is not None and not link and read["stat"][str(dest)]["uid"] != 0:
+        pytest.skip("the drop-in's owner must be root, as the copy task makes it")
+    role = common(**values, __common_files_state=read)
+    return role.when(task_named("common/tasks/names.yml", CLOUD_INIT_COPY)["when"])
+
+
+def test_the_cloud_init_drop_in_is_written_only_where_cloud_init_is_and_it_differs(tmp_path: Path) -> None:
+    """The stat of cloud-init's configuration directory is one of common's read (no task of its own): the
+    drop-in is written only where that directory exists, and only where it is not as the copy leaves it."""
+    content = common()["__common_cloud_init_dropin_content"].encode()
+    cases: dict[str, tuple[dict[str, Any], bool]] = {
+        "no cloud-init": ({"directory": False}, False),
+        "no drop-in yet": ({"directory": True}, True),
+        "in place": ({"directory": True, "dropin": content}, False),
+        "other content": ({"directory": True, "dropin": b"preserve_hostname: false\n"}, True),
+        "other mode": ({"directory": True, "dropin": content, "mode": 0o600}, True),
+        "a link": ({"directory": True, "dropin": content, "link": True}, True),  # the copy replaces it
+        "name left alone": ({"directory": True, "manage": False}, False),
+    }
+    for case, (kwargs, expected) in cases.items():
+        folder = tmp_path / case.replace(" ", "-")
+        folder.mkdir()
+        assert cloud_init_copy_runs(folder, **kwargs) is expected, case
+    # no stat task of its own, and no entry of __common_files: where cloud-init is not installed that entry
+    # would differ on every run (tests/lab/drift.py finds no read not in place on a converged node)
+    read = task_named("common/tasks/main.yml", COMMON_READ)["files_in_place"]
+    assert read["stat"] == "{{ __common_stat }}"
+    for name in ("main.yml", "names.yml"):
+        assert "ansible.builtin.stat" not in (ROOT / "roles/common/tasks" / name).read_text(), name
+    entries = yaml.safe_load((ROOT / "roles/common/vars/main.yml").read_text())["__common_files"]
+    assert [entry["path"] for entry in entries if "cloud_init" in entry["path"]] == []
+
+
+KUBELET_CONF = yaml.safe_load((ROOT / "roles/kubernetes/vars/main.yml").read_text())[
+    "__kubernetes_kubelet_kubeconfig"
+]
+JOIN_GROUPS = {"control_plane": ["gpu-node-1"], "workers": ["gpu-node-2", "gpu-node-3"]}
+
+
+def kubeadm_join_steps(host: str = "gpu-node-2", **state: Any) -> tuple[bool, bool | None]:
+    """(whether kubeadm_join's stat runs, whether it then joins: None where the stat would decide) for a
+    host whose earlier tasks of the run registered ``state``."""
+    values = {
+        "inventory_hostname": host,
+        "groups": JOIN_GROUPS,
+        "__kubernetes_kubelet_kubeconfig": KUBELET_CONF,
+    }
+    stat = task_named("kubeadm_join/tasks/main.yml", "Look for this node's kubelet kubeconfig")
+    join = task_named("kubeadm_join/tasks/main.yml", "Join the cluster")
+    assert stat["ansible.builtin.stat"]["path"] == "{{ __kubernetes_kubelet_kubeconfig }}"
+    stats = RoleVars("kubeadm_join", **values, **state).when(stat["when"])
+    if stats:
+        return True, None
+    return False, RoleVars("kubeadm_join", **values, **state).when(join["when"])
+
+
+def test_kubeadm_join_takes_the_nodes_membership_from_kubernetes_nodes_read() -> None:
+    """kubernetes_node's read (tasks/main.yml there) stats the kubelet kubeconfig on every node before
+    kubeadm_join runs on the workers (playbooks/kubernetes.yml): a worker takes whether it joined from it; the
+    stat runs where that read is not there or where something since can have written the file."""
+    read = task_named(
+        "kubernetes_node/tasks/main.yml",
+        "Find whether the role's apt pin differs from what it writes, and the kubelet's unit",
+    )
+    assert read["files_in_place"]["stat"] == ["{{ __kubernetes_kubelet_kubeconfig }}"]
+
+    def pin_state(exists: bool) -> dict[str, Any]:
+        return {"__kubernetes_node_pin_state": {"differ": [], "stat": {KUBELET_CONF: {"exists": exists}}}}
+
+    assert kubeadm_join_steps(**pin_state(True)) == (False, False)  # joined: nothing runs
+    assert kubeadm_join_steps(**pin_state(False)) == (False, True)  # a fresh or reset worker joins
+    # the role alone (no kubernetes_node before it), or that read skipped: its own stat
+    assert kubeadm_join_steps() == (True, None)
+    assert kubeadm_join_steps(__kubernetes_node_pin_state={"changed": False, "skipped": True}) == (True, None)
+    # a host of control_plane too: kubeadm init (kubeadm_control_plane) runs between the read and the role
+    assert kubeadm_join_steps("gpu-node-1", **pin_state(False)) == (True, None)
+    # after a join of this run (join.yml registered its result, ran or skipped)
+    assert kubeadm_join_steps(**pin_state(False), __kubeadm_join_result={"rc": 0}) == (True, None)
+    # where the stat ran, it decides
+    for exists in (True, False):
+        role = RoleVars(
+            "kubeadm_join",
+            inventory_hostname="gpu-node-1",
+            groups=JOIN_GROUPS,
+            __kubernetes_kubelet_kubeconfig=KUBELET_CONF,
+            **pin_state(not exists),
+            __kubeadm_join_kubelet_conf={"stat": {"exists": exists}},
+        )
+        joins = role.when(task_named("kubeadm_join/tasks/main.yml", "Join the cluster")["when"])
+        assert joins is (not exists)
+
+
+DRIVER_READ = "Find which of the role's files differ from what it writes, and nvidia-persistenced's unit"
+RECORD_SLURP = "Look for what an earlier run stopped and did not put back"
+RECORD = {
+    "units": [],
+    "node_label": {"nvidia.com/gpu.present": "true"},
+    "daemonsets": ["monitoring/dcgm-exporter"],
+}
+
+
+def record_taken(**state: Any) -> tuple[bool, dict[str, Any]]:
+    """(whether start-gpu-clients.yml slurps the record itself, the record's read it takes) for a host where
+    the earlier tasks left ``state``; where it slurps, the slurp finds RECORD (an earlier run's)."""
+    slurp = task_named("nvidia_driver/tasks/start-gpu-clients.yml", RECORD_SLURP)
+    slurps = RoleVars("nvidia_driver", **state).when(slurp["when"])
+    left = (
+        {"content": base64.b64encode(json.dumps(RECORD).encode()).decode(), "encoding": "base64"}
+        if slurps
+        else {"changed": False, "skipped": True}
+    )
+    role = RoleVars("nvidia_driver", **state, __nvidia_driver_gpu_clients_left=left)
+    taken = role["__nvidia_driver_gpu_clients_found"]
+    return slurps, dict(taken)
+
+
+def test_the_gpu_clients_record_is_read_again_only_where_the_run_may_have_changed_it() -> None:
+    """nvidia_driver's read slurps the record an interrupted run left; start-gpu-clients.yml (in the role's
+    `always`) takes it from there unless this run stopped or put back clients since (which write and remove
+    it), and slurps it itself where it is entered without that read (tasks_from)."""
+    record = RoleVars("nvidia_driver")["__nvidia_driver_gpu_clients_record"]
+    read = task_named("nvidia_driver/tasks/main.yml", DRIVER_READ)["files_in_place"]
+    assert read["slurp"] == ["{{ __nvidia_driver_gpu_clients_record }}"]
+    include = task_named(
+        "nvidia_driver/tasks/main.yml",
+        "Start the cluster's own GPU clients again (what this run or an interrupted one stopped)",
+    )
+    passed = RoleVars(
+        "nvidia_driver", __nvidia_driver_files_state={"differ": [], "stat": {}, "slurp": {record: {}}}
+    ).template(include["vars"]["__nvidia_driver_gpu_clients_record_read"])
+    assert passed == {}
+    note = task_named("nvidia_driver/tasks/start-gpu-clients.yml", "Note what to put back")
+    restore = note["ansible.builtin.set_fact"]["__nvidia_driver_gpu_clients_restore"]
+    assert "__nvidia_driver_gpu_clients_found.content" in restore
+
+    encoded = {"content": base64.b64encode(json.dumps(RECORD).encode()).decode(), "encoding": "base64"}
+    # a converged node: the read found no record, nothing since changed it; no slurp, nothing to put back
+    assert record_taken(__nvidia_driver_gpu_clients_record_read={}) == (False, {})
+    # an interrupted earlier run's record, found by the read
+    assert record_taken(__nvidia_driver_gpu_clients_record_read=encoded) == (False, encoded)
+    # this run stopped clients (stop-gpu-clients.yml wrote the record) or put them back (removed it)
+    for stopped in (RECORD, {}):
+        slurps, taken = record_taken(
+            __nvidia_driver_gpu_clients_record_read={}, __nvidia_driver_gpu_clients_stopped=stopped
+        )
+        assert slurps and json.loads(base64.b64decode(taken["content"])) == RECORD
+    # entered by tasks_from (upgrade-driver-node.yml, the remediation playbooks): no read passed
+    assert record_taken()[0] is True
