@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import errno
 import fnmatch
-import grp
 import hashlib
 import os
-import pwd
 import re
 import stat
 from dataclasses import dataclass
 from typing import Any
+
+from ansible.module_utils.path_reads import stat_entry
 
 FILE_TYPES = ("file", "directory", "link", "any")
 CHUNK_SIZE = 64 * 1024
@@ -52,29 +52,6 @@ class FindSpec:
 
 class _PathSkipped(Exception):
     """Where find stops walking one of its paths, with its message for ``skipped_paths``."""
-
-
-def _name(lookup: Any, number: int) -> str:
-    try:
-        return str(lookup(number)[0])
-    except KeyError:
-        return ""
-
-
-def _entry(path: str, st: os.stat_result) -> dict[str, Any]:
-    return {
-        "path": path,
-        "isreg": stat.S_ISREG(st.st_mode),
-        "isdir": stat.S_ISDIR(st.st_mode),
-        "islnk": stat.S_ISLNK(st.st_mode),
-        "mode": f"{stat.S_IMODE(st.st_mode):04o}",
-        "uid": st.st_uid,
-        "gid": st.st_gid,
-        "pw_name": _name(pwd.getpwuid, st.st_uid),
-        "gr_name": _name(grp.getgrgid, st.st_gid),
-        "size": st.st_size,
-        "mtime": st.st_mtime,
-    }
 
 
 def _checksum(path: str) -> str | None:
@@ -122,7 +99,7 @@ def _matched(spec: FindSpec, name: str, path: str, st: os.stat_result) -> dict[s
         return None
     if spec.file_type == "file" and not _contains(path, spec.contains):
         return None
-    found = _entry(path, st)
+    found = stat_entry(path, st)
     if spec.get_checksum and stat.S_ISREG(st.st_mode):
         found["checksum"] = _checksum(path)
     return found

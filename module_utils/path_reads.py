@@ -34,16 +34,10 @@ def _name(lookup: Any, number: int) -> str:
         return ""
 
 
-def stat_of(path: str) -> dict[str, Any]:
-    """The path's stat, not following a link at the path (stat's default)."""
-    try:
-        st = os.lstat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return {"exists": False}
-    except OSError as exc:
-        raise PathReadError(f"cannot look at {path}: {exc.strerror}") from exc
-    found: dict[str, Any] = {
-        "exists": True,
+def stat_entry(path: str, st: os.stat_result) -> dict[str, Any]:
+    """What ansible.builtin.stat and ansible.builtin.find both say of a path from its lstat (the fields the
+    roles compare): the stat reads here and each file a find returns (path_finds.py)."""
+    return {
         "path": path,
         "isreg": stat.S_ISREG(st.st_mode),
         "isdir": stat.S_ISDIR(st.st_mode),
@@ -55,6 +49,20 @@ def stat_of(path: str) -> dict[str, Any]:
         "gr_name": _name(grp.getgrgid, st.st_gid),
         "size": st.st_size,
         "mtime": st.st_mtime,
+    }
+
+
+def stat_of(path: str) -> dict[str, Any]:
+    """The path's stat, not following a link at the path (stat's default)."""
+    try:
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return {"exists": False}
+    except OSError as exc:
+        raise PathReadError(f"cannot look at {path}: {exc.strerror}") from exc
+    found: dict[str, Any] = {
+        "exists": True,
+        **stat_entry(path, st),
         "readable": os.access(path, os.R_OK),
         "executable": os.access(path, os.X_OK),
     }
