@@ -416,14 +416,19 @@ def drift_filter() -> Any:
 
 
 def test_the_secrets_are_read_with_the_other_objects_and_applied_only_where_they_differ() -> None:
-    """apply-config.yml's one read takes the Secrets too, rendered in its vars (never a fact), no_log; the
-    apply sends only what k8s_not_as_rendered finds not held, no_log, none on a converged cluster."""
+    """apply-config.yml's one read takes the Secrets too, rendered from one role variable (never a fact),
+    no_log; the apply sends only what k8s_not_as_rendered finds not held, no_log, none on a converged
+    cluster."""
     (read,) = [t for t in yaml.safe_load((TASKS / "apply-config.yml").read_text()) if "k8s_live_objects" in t]
     (apply,) = yaml.safe_load((TASKS / "apply-secrets.yml").read_text())
     assert "__monitoring_secret_objects" in read["k8s_live_objects"]["objects"]
     assert read["no_log"] is True and apply["no_log"] is True
-    assert read["vars"]["__monitoring_secret_objects"] == apply["vars"]["__monitoring_secret_objects"]
-    assert "secrets.yml.j2" in read["vars"]["__monitoring_secret_objects"]
+    role_vars = yaml.safe_load((TASKS.parent / "vars/main.yml").read_text())
+    assert "secrets.yml.j2" in role_vars["__monitoring_secret_objects"]
+    assert (
+        "__monitoring_secret_objects" not in read["vars"]
+        and "__monitoring_secret_objects" not in apply["vars"]
+    )
     assert apply["kubernetes.core.k8s"]["definition"] == "{{ __monitoring_to_apply }}"
     assert apply["vars"]["__monitoring_to_apply"] == (
         "{{ __monitoring_secret_objects | k8s_not_as_rendered(__monitoring_live.resources) }}"
