@@ -115,7 +115,7 @@ from types import ModuleType
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpu_settings_core import SETTINGS, GpuState, apply, read_gpu, summarise, unit
+from ansible.module_utils.gpu_settings_core import SETTINGS, GpuState, apply, desire, read_gpu, summarise
 from ansible.module_utils.nvml_session import (
     NvmlUnavailable,
     describe_error,
@@ -146,22 +146,10 @@ def run(module: AnsibleModule, nvml: ModuleType) -> dict[str, Any]:
         except nvml.NVMLError as exc:
             module.fail_json(msg=describe_error(exc, f"Reading GPU {index}"))
 
-    # Validate everything before touching anything.
-    problems: list[str] = []
-    unsupported: list[str] = []
-    for gpu in gpus:
-        for name, value in requested.items():
-            if gpu.current[name] is None:
-                unsupported.append(f"{gpu.label} does not support {name}")
-                continue
-            allowed = gpu.ranges[name]
-            if allowed is not None and not allowed[0] <= value <= allowed[1]:
-                problems.append(
-                    f"{gpu.label}: {name} {value}{unit(name)} is outside the allowed range "
-                    f"{allowed[0]}-{allowed[1]}{unit(name)}"
-                )
-                continue
-            gpu.desired[name] = value
+    # Validate everything before touching anything (the rules pending_settings applies too).
+    out_of_range, not_supported = desire(gpus, requested)
+    problems = [message for _gpu, _name, message in out_of_range]
+    unsupported = [f"{gpu.label} does not support {name}" for gpu, name in not_supported]
     if unsupported and params["unsupported"] == "fail":
         problems.extend(unsupported)
     if problems:

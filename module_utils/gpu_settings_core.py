@@ -68,6 +68,74 @@ def read_gpu(nvml: ModuleType, index: int) -> GpuState:
     )
 
 
+def desire(
+    gpus: list[GpuState], requested: dict[str, Any]
+) -> tuple[list[tuple[GpuState, str, str]], list[tuple[GpuState, str]]]:
+    """Set each GPU's desired values to ``requested`` (the SETTINGS keys), as the gpu_settings module does
+    before it changes anything. Returns (the (GPU, setting, message) of each value outside the GPU's range,
+    which fail the module; the (GPU, setting) pairs the GPU does not support, which fail it or are skipped
+    with a warning)."""
+    problems: list[tuple[GpuState, str, str]] = []
+    unsupported: list[tuple[GpuState, str]] = []
+    for gpu in gpus:
+        for name, value in requested.items():
+            if gpu.current[name] is None:
+                unsupported.append((gpu, name))
+                continue
+            allowed = gpu.ranges[name]
+            if allowed is not None and not allowed[0] <= value <= allowed[1]:
+                message = (
+                    f"{gpu.label}: {name} {value}{unit(name)} is outside the allowed range "
+                    f"{allowed[0]}-{allowed[1]}{unit(name)}"
+                )
+                problems.append((gpu, name, message))
+                continue
+            gpu.desired[name] = value
+    return problems, unsupported
+
+
+def pending_settings(
+    nvml: ModuleType, requested: dict[str, Any], indices: list[int] | None
+) -> list[dict[str, Any]]:
+    """What the gpu_settings module, given ``requested`` and ``gpus: indices`` (None: all), would do on this
+    node besides finding everything in place, read in an open NVML session by the same rules it applies
+    (read_gpu, desire, GpuState.changes): one entry per GPU and setting, ``action`` one of ``change`` (with
+    ``before`` and ``after``), ``unsupported`` (it fails or warns), ``out_of_range`` (it fails), ``absent``
+    or ``unreadable`` (no such GPU, or NVML cannot read it: it fails). Empty: it would change nothing."""
+    count = nvml.nvmlDeviceGetCount()
+    wanted = list(range(count)) if indices is None else list(dict.fromkeys(indices))
+    pending: list[dict[str, Any]] = []
+
+    def entry(gpu: int, name: str | None, action: str, message: str, **values: Any) -> None:
+        pending.append({"gpu": gpu, "setting": name, "action": action, "message": message, **values})
+
+    gpus: list[GpuState] = []
+    for index in wanted:
+        if not 0 <= index < count:
+            entry(index, None, "absent", f"No GPU {index} on this node ({count} GPUs)")
+            continue
+        try:
+            gpus.append(read_gpu(nvml, index))
+        except nvml.NVMLError as exc:
+            entry(index, None, "unreadable", describe_error(exc, f"Reading GPU {index}"))
+    problems, unsupported = desire(gpus, requested)
+    for gpu, name in unsupported:
+        entry(gpu.index, name, "unsupported", f"{gpu.label} does not support {name}")
+    for gpu, name, message in problems:
+        entry(gpu.index, name, "out_of_range", message)
+    for gpu in gpus:
+        for name, (before, after) in gpu.changes().items():
+            entry(
+                gpu.index,
+                name,
+                "change",
+                f"{gpu.label}: {name} {before} -> {after}{unit(name)}",
+                before=before,
+                after=after,
+            )
+    return pending
+
+
 def apply(nvml: ModuleType, gpu: GpuState, name: str, value: Any) -> None:
     if name == "power_limit_w":
         nvml.nvmlDeviceSetPowerManagementLimit(gpu.handle, int(value) * 1000)

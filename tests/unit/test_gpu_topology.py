@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import gpu_facts
+import gpu_settings
 import gpu_topology
 import pytest
 from conftest import FakeNode, run_module
@@ -94,3 +96,108 @@ def test_driver_missing(pcie_node: FakeNode) -> None:
     pcie_node.remove_library()
     failed, result = run_module(gpu_topology, {"nvlink_pairs": PCIE_PAIRS})
     assert failed and "NVIDIA driver is not installed" in result["msg"]
+
+
+# --- facts, check: false, settings: the one read of role gpu_tuning ---------------------------------------
+
+WANTED = {"power_limit_w": 200, "persistence_mode": True}
+
+
+def test_facts_are_gpu_facts_own(pcie_node: FakeNode) -> None:
+    failed, result = run_module(gpu_topology, {"nvlink_pairs": PCIE_PAIRS, "facts": True})
+    assert not failed, result["msg"]
+    failed, facts = run_module(gpu_facts)
+    assert not failed, facts["msg"]
+    assert result["ansible_facts"]["nvidia"] == facts["ansible_facts"]["nvidia"]
+    # without the option, no facts (the check alone, as before)
+    assert "ansible_facts" not in run_module(gpu_topology, {"nvlink_pairs": PCIE_PAIRS})[1]
+
+
+def test_check_false_reports_the_problems_without_failing(pcie_node: FakeNode) -> None:
+    args = {"nvlink_pairs": [[0, 1], [1, 2]], "gpu_count": 3, "check": False, "facts": True}
+    failed, result = run_module(gpu_topology, args)
+    assert not failed
+    assert result["missing_pairs"] == [[1, 2]]
+    assert result["problems"] == ["expected 3 GPUs, found 4", "GPUs 1-2: 0 active NVLink(s), need at least 1"]
+    assert result["ansible_facts"]["nvidia"]["gpu_count"] == 4
+    failed, result = run_module(gpu_topology, {"nvlink_pairs": PCIE_PAIRS, "check": False})
+    assert not failed and result["problems"] == []
+
+
+def test_check_false_still_fails_where_nvml_does_not_answer(pcie_node: FakeNode) -> None:
+    pcie_node.remove_library()
+    failed, result = run_module(gpu_topology, {"check": False, "facts": True})
+    assert failed and "NVIDIA driver is not installed" in result["msg"] and "ansible_facts" not in result
+
+
+def test_boot_id_of_the_read(pcie_node: FakeNode) -> None:
+    _failed, result = run_module(gpu_topology, {})
+    with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as source:
+        assert result["boot_id"] == source.read().strip()
+
+
+def pending_and_settings_run(
+    settings: dict[str, Any], unsupported: str = "warn"
+) -> tuple[list[Any], bool, bool]:
+    """What the read finds pending, and whether gpu_settings given the same values then changes or fails
+    (or warns): the read must find something pending exactly where gpu_settings has something to do."""
+    failed, read = run_module(gpu_topology, {"settings": settings})
+    assert not failed, read["msg"]
+    args = {name: value for name, value in settings.items() if value is not None}
+    failed, applied = run_module(gpu_settings, {**args, "unsupported": unsupported})
+    return read["settings_pending"], bool(applied.get("changed")) or failed, bool(applied["warnings"])
+
+
+def test_settings_pending_is_what_gpu_settings_changes(pcie_node: FakeNode) -> None:
+    # a fresh node: 250 W and persistence mode off on every GPU
+    pending, acted, _warned = pending_and_settings_run(WANTED)
+    assert acted
+    assert [(p["gpu"], p["setting"], p["action"]) for p in pending] == [
+        (gpu, setting, "change") for gpu in range(4) for setting in ("power_limit_w", "persistence_mode")
+    ]
+    # converged: nothing pending, and gpu_settings indeed changes nothing
+    pending, acted, _warned = pending_and_settings_run(WANTED)
+    assert pending == [] and not acted
+    # the lab's drift: one GPU's power cap changed through the fake NVML
+    pcie_node.ctl("power", "--gpu", "2", "--limit-w", "180")
+    failed, read = run_module(gpu_topology, {"settings": WANTED, "facts": True})
+    assert not failed
+    assert read["settings_pending"] == [
+        {
+            "gpu": 2,
+            "setting": "power_limit_w",
+            "action": "change",
+            "before": 180,
+            "after": 200,
+            "message": "GPU 2 (00000000:B1:00.0): power_limit_w 180 -> 200 W",
+        }
+    ]
+    pending, acted, _warned = pending_and_settings_run(WANTED)
+    assert pending and acted
+    assert run_module(gpu_topology, {"settings": WANTED})[1]["settings_pending"] == []
+
+
+def test_settings_pending_only_on_the_managed_gpus(pcie_node: FakeNode) -> None:
+    pending_and_settings_run(WANTED)
+    pcie_node.ctl("power", "--gpu", "3", "--limit-w", "180")
+    pending, acted, _warned = pending_and_settings_run({**WANTED, "gpus": [0, 1]})
+    assert pending == [] and not acted
+    pending, acted, _warned = pending_and_settings_run({**WANTED, "gpus": [3]})
+    assert [(p["gpu"], p["action"]) for p in pending] == [(3, "change")] and acted
+
+
+@pytest.mark.parametrize(
+    ("settings", "action"),
+    [
+        ({"power_limit_w": 400}, "out_of_range"),
+        ({"power_limit_w": 200, "gpus": [7]}, "absent"),
+        ({"target_temperature_c": 80}, "unsupported"),  # A100s have none: gpu_settings warns every run
+        ({"persistence_mode": True}, "change"),  # off on a fresh fake node
+    ],
+)
+def test_settings_pending_wherever_gpu_settings_fails_or_warns(
+    pcie_node: FakeNode, settings: dict[str, Any], action: str
+) -> None:
+    pending, acted, warned = pending_and_settings_run(settings)
+    assert action in {p["action"] for p in pending}
+    assert acted or warned
