@@ -2,13 +2,16 @@
 
 With Secure Boot on, the kernel loads only signed modules: a DKMS-built nvidia.ko needs the DKMS MOK key
 enrolled, otherwise `modprobe nvidia` fails after the reboot ("Key was rejected by service") and the run
-reports only that NVML does not work. tasks/read-secure-boot.yml reads the state (mokutil --sb-state, or the
-SecureBoot UEFI variable); vars/main.yml decides: Ubuntu's signed prebuilt modules where the source allows,
-DKMS where Secure Boot is off or the key is enrolled, otherwise refuse (tasks/validate.yml names both ways
-out). The decision's expressions are rendered here with Ansible's templar, from the role's own files.
+reports only that NVML does not work. tasks/read-secure-boot.yml reads the state (the SecureBoot UEFI
+variable in one files_in_place read, mokutil --sb-state only where that cannot answer); vars/main.yml decides:
+Ubuntu's signed prebuilt modules where the source allows, DKMS where Secure Boot is off or the key is
+enrolled, otherwise refuse (tasks/validate.yml names both ways out). The decision's expressions are rendered
+here with Ansible's templar, from the role's own files.
 """
 
 from __future__ import annotations
+
+import base64
 
 import pytest
 import yaml
@@ -72,16 +75,65 @@ def test_the_refusal_names_both_ways_out_and_runs_before_any_change() -> None:
     ]
 
 
-def test_the_state_is_read_from_mokutil_then_the_uefi_variable() -> None:
+EFIVAR = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
+
+
+def efi_read(efi: bool, variable: bytes | None) -> dict[str, object]:
+    """What files_in_place returns for read-secure-boot.yml's read (/sys/firmware/efi, the variable)."""
+    slurp = {} if variable is None else {"content": base64.b64encode(variable).decode(), "encoding": "base64"}
+    return {"stat": {"/sys/firmware/efi": {"exists": efi}}, "slurp": {EFIVAR: slurp}}
+
+
+def test_the_state_is_read_from_the_uefi_variable_then_mokutil() -> None:
     tasks = yaml.safe_load((ROOT / "roles/nvidia_driver/tasks/read-secure-boot.yml").read_text())
-    commands = [t["ansible.builtin.command"]["argv"] for t in tasks if "ansible.builtin.command" in t]
-    assert commands[0] == ["mokutil", "--sb-state"]
-    assert commands[1][0] == "od" and commands[1][-1] == "{{ __nvidia_driver_secure_boot_efivar }}"
-    assert all(
-        t.get("check_mode") is False and t.get("changed_when") is False
-        for t in tasks
-        if "ansible.builtin.command" in t
-    )
-    assert role()["__nvidia_driver_secure_boot_efivar"] == (
-        "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
-    )
+    (read,) = [t for t in tasks if "files_in_place" in t]
+    assert read["files_in_place"]["stat"] == ["/sys/firmware/efi"]
+    assert read["files_in_place"]["slurp"] == ["{{ __nvidia_driver_secure_boot_efivar }}"]
+    assert read["register"] == "__nvidia_driver_efi" and read["check_mode"] is False
+    (mokutil,) = [t for t in tasks if "ansible.builtin.command" in t]
+    assert mokutil["ansible.builtin.command"]["argv"] == ["mokutil", "--sb-state"]
+    assert mokutil["when"] == "__nvidia_driver_secure_boot_ask_mokutil"
+    assert mokutil["check_mode"] is False and mokutil["changed_when"] is False
+    assert tasks.index(read) < tasks.index(mokutil)
+    assert role()["__nvidia_driver_secure_boot_efivar"] == EFIVAR
+
+
+# The variable's bytes as efivarfs gives them: attributes (NV|BS|RT = 7, little-endian), then the state byte.
+ON = b"\x06\x00\x00\x00\x01"
+OFF = b"\x06\x00\x00\x00\x00"
+MOKUTIL_ON = {"rc": 0, "stdout": "SecureBoot enabled"}
+MOKUTIL_OFF = {"rc": 0, "stdout": "SecureBoot disabled"}
+MOKUTIL_NONE = {"rc": 255, "stdout": "EFI variables are not supported on this system"}
+SKIPPED = {"skipped": True}
+FAILED = {"failed": True, "msg": "cannot read"}
+
+
+@pytest.mark.parametrize(
+    ("read", "mokutil", "asks_mokutil", "on", "evidence"),
+    [
+        # the variable answers: mokutil is not asked (it reads the same byte)
+        (efi_read(True, ON), SKIPPED, False, True, f"{EFIVAR}: 1"),
+        (efi_read(True, OFF), SKIPPED, False, False, f"{EFIVAR}: 0"),
+        # shim's own state comes after the byte, as mokutil prints "SecureBoot enabled" for it too
+        (efi_read(True, ON + b"\x01"), SKIPPED, False, True, f"{EFIVAR}: 1"),
+        # no /sys/firmware/efi: legacy BIOS, off, as mokutil and od answered it before (both could not read)
+        (efi_read(False, None), SKIPPED, False, False, "/sys/firmware/efi: not there"),
+        # UEFI, the variable not readable (efivarfs not mounted): mokutil answers
+        (efi_read(True, None), MOKUTIL_ON, True, True, "mokutil --sb-state: SecureBoot enabled"),
+        (efi_read(True, None), MOKUTIL_OFF, True, False, "mokutil --sb-state: SecureBoot disabled"),
+        (efi_read(True, b"\x06"), MOKUTIL_ON, True, True, "mokutil --sb-state: SecureBoot enabled"),
+        (efi_read(True, None), MOKUTIL_NONE, True, False, f"{EFIVAR}: not readable"),
+        # the read failed (failed_when: false): mokutil is asked
+        (FAILED, MOKUTIL_ON, True, True, "mokutil --sb-state: SecureBoot enabled"),
+        (FAILED, {"rc": 2, "stdout": ""}, True, False, f"{EFIVAR}: not readable"),
+    ],
+)
+def test_the_state_read_decides(
+    read: dict[str, object], mokutil: dict[str, object], asks_mokutil: bool, on: bool, evidence: str
+) -> None:
+    before = role(__nvidia_driver_efi=read)
+    assert before["__nvidia_driver_secure_boot_ask_mokutil"] is asks_mokutil
+    after = role(__nvidia_driver_efi=read, __nvidia_driver_mokutil=mokutil)
+    answer = after["__nvidia_driver_secure_boot_answer"]
+    assert answer[0] is on
+    assert answer[1].startswith(evidence)
