@@ -16,6 +16,7 @@ registers a changed result (the file is entered then anyway).
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from dataclasses import dataclass, field
 from functools import cache
@@ -57,6 +58,9 @@ class Gate:
     converged: list[dict[str, Any]]  # a converged node's states: the gate is false there
     base: dict[str, Any] = field(default_factory=dict)
     task: str = ""  # the include's name, where the file is included more than once
+    ran: dict[str, Any] = field(
+        default_factory=dict
+    )  # what a task of the file that ran registers, beyond RAN
 
     @property
     def id(self) -> str:
@@ -359,7 +363,7 @@ def which_run(gate: Gate, state: dict[str, Any]) -> list[str]:
         if did:
             ran.append(task["name"])
         if "register" in task:
-            variables = variables | {task["register"]: RAN if did else SKIPPED}
+            variables = variables | {task["register"]: RAN | gate.ran if did else SKIPPED}
     return ran
 
 
@@ -372,6 +376,105 @@ def grid(gate_id: str) -> list[tuple[dict[str, Any], list[str]]]:
         for state in scenarios(gate)
         if holds(gate.role, conditions(gate.was), gate.base | state)
     ]
+
+
+# ------------------------------------------------------------------ gates whose grid is made with the role
+# containerd
+CERTS_D = "/etc/containerd/certs.d"
+REGISTRY_MARKER = ".managed-by-ansible-role-containerd"
+REGISTRY_CA = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+MIRRORS = [
+    {"registry": "quay.io", "endpoints": ["https://lab-mirror:5000"], "ca": REGISTRY_CA},
+    {"registry": "docker.io", "endpoints": ["https://m1.example", "https://m2.example"]},
+]
+CONTAINERD_BASE = {
+    "ansible_search_path": [str(ROOT / "roles/containerd")],
+    "ansible_managed": "Ansible managed",
+    "ansible_check_mode": False,
+}
+
+
+def registry_node(mirrors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The find `registry` of a node where configure-registry-mirrors.yml wrote MIRRORS: each directory and
+    file as its tasks write them (their own content vars, templated per entry)."""
+    tasks = {t["name"]: t for t in flat(load("containerd", "tasks/configure-registry-mirrors.yml"), [], {})}
+    entry = {"pw_name": "root", "gr_name": "root"}
+    files = []
+    for mirror in mirrors:
+        base = f"{CERTS_D}/{mirror['registry']}"
+        files.append(entry | {"path": base, "isdir": True, "isreg": False, "mode": "0755"})
+        for name, leaf in (
+            ("Mark the registry directories as the role's", REGISTRY_MARKER),
+            ("Write the CA of each registry's mirrors", "ca.crt"),
+            ("Write each registry's hosts.toml", "hosts.toml"),
+        ):
+            if leaf == "ca.crt" and "ca" not in mirror:
+                continue
+            content = templar("containerd", CONTAINERD_BASE | {"item": mirror}).template(
+                _trusted(tasks[name]["vars"]["__containerd_registry_content"])
+            )
+            checksum = hashlib.sha1(content.encode()).hexdigest()
+            files.append(entry | {"path": f"{base}/{leaf}", "isdir": False, "isreg": True, "mode": "0644",
+                                  "checksum": checksum})  # fmt: skip
+    return files
+
+
+def registry_drifts(mirrors: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The converged find, then each drift the tasks put right, one at a time."""
+    node = registry_node(mirrors)
+    drifts = [node, [*node, {"path": f"{CERTS_D}/old.example/{REGISTRY_MARKER}", "isreg": True,
+                             "isdir": False, "mode": "0644", "pw_name": "root", "gr_name": "root",
+                             "checksum": "0"}]]  # fmt: skip
+    for index, entry in enumerate(node):
+        for change in ({"mode": "0700"}, {"pw_name": "nobody"}, {"checksum": "0"}, None):
+            if change is None:
+                drifts.append(node[:index] + node[index + 1 :])  # missing
+            elif "checksum" not in change or "checksum" in entry:
+                drifts.append([*node[:index], entry | change, *node[index + 1 :]])
+    for mirror in mirrors:
+        if "ca" not in mirror:  # a CA left behind by an entry that has none now
+            drifts.append([*node, node[-1] | {"path": f"{CERTS_D}/{mirror['registry']}/ca.crt"}])
+    return drifts
+
+
+NOT_READ = {"differ": [], "found": {}}  # a read without the find `registry`: the file reads for itself
+REGISTRY_STATES = [{"containerd_registry_mirrors": [], "__containerd_files_state": NOT_READ}] + [
+    {"containerd_registry_mirrors": mirrors,
+     "__containerd_files_state": {"differ": differ, "found": {"registry": {"files": files}}}}
+    for mirrors in ([], MIRRORS, MIRRORS[:1], MIRRORS[1:])
+    for differ in ([], [CERTS_D])
+    for files in registry_drifts(mirrors)
+]  # fmt: skip
+
+KUBERNETES_VARS = yaml.safe_load((ROOT / "roles/kubernetes/defaults/main.yml").read_text()) | yaml.safe_load(
+    (ROOT / "roles/kubernetes/vars/main.yml").read_text()
+)
+CONFIG_DIFFERS = [[], ["/etc/apt/preferences.d/containerd.pref"], [CERTS_D], ["/etc/containerd"],
+                  ["/etc/containerd/conf.d"], ["/etc/containerd/config.toml"], ["/etc/crictl.yaml"],
+                  ["containerd.service"]]  # fmt: skip
+
+GATES += [
+    Gate(
+        "containerd", "main.yml", "configure-registry-mirrors.yml", True,
+        [REGISTRY_STATES],
+        [{"containerd_registry_mirrors": m,
+          "__containerd_files_state": {"differ": [], "found": {"registry": {"files": registry_node(m)}}}}
+         for m in ([], MIRRORS, MIRRORS[:1])],
+        CONTAINERD_BASE,
+        ran={"found": {"registry": {"files": []}}},
+    ),
+    Gate(
+        "containerd", "main.yml", "configure-containerd.yml", True,
+        [dim("__containerd_packages_found", {"in_place": True}, {"in_place": False}),
+         dim("__containerd_files_state", *({"differ": d} for d in CONFIG_DIFFERS)),
+         dim("__containerd_pending", False, True)],
+        [{"__containerd_packages_found": {"in_place": True}, "__containerd_files_state": {"differ": d},
+          "__containerd_pending": pending}
+         for d in ([], ["/etc/apt/preferences.d/containerd.pref"], [CERTS_D]) for pending in (False, True)],
+        CONTAINERD_BASE | KUBERNETES_VARS,
+        ran={"differ": ["/etc/containerd/config.toml"]},
+    ),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize("gate", GATES, ids=[g.id for g in GATES])
