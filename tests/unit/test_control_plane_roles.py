@@ -463,3 +463,112 @@ def test_the_tools_run_again_wherever_they_are_not_as_recorded(tmp_path: Path) -
     assert tools_in_place(tmp_path, record=record) is False
     (bin_dir / "etcdutl").unlink()
     assert tools_in_place(tmp_path, record=record) is False
+
+
+# ------------------------------------------------------------------------- the copy's SSH key pair
+def task_in(path: str, name: str) -> dict[str, Any]:
+    (task,) = [t for t in yaml.safe_load((ROOT / path).read_text()) if t.get("name", "").startswith(name)]
+    return task
+
+
+def keypair_run(role: RoleVars, *, check_mode: bool = False) -> dict[str, Any]:
+    """The real key task of copy-to-node.yml on the role's pair (owner and group left out: this test runs as
+    whoever it is; the verdict's owner is set by key_pair_read)."""
+    from ansible_collections.community.crypto.plugins.modules import openssh_keypair
+
+    args = dict(
+        task_in("roles/etcd_backup/tasks/copy-to-node.yml", "Generate the copy's SSH key")[
+            "community.crypto.openssh_keypair"
+        ]
+    )
+    args = {k: role.template(v) for k, v in args.items() if k not in ("owner", "group")}
+    failed, result = run_module(openssh_keypair, args, check_mode=check_mode)
+    assert not failed, result["msg"]
+    return result
+
+
+def key_pair_read(role: RoleVars, owner: str = "root") -> dict[str, Any]:
+    """What the role's first read (tasks/main.yml) finds of the pair and its record (owner, group: OWNER)."""
+    failed, read = run_module(
+        files_in_place,
+        {
+            "stat": role["__etcd_backup_ssh_key_files"],
+            "slurp": [role["__etcd_backup_ssh_key"] + ".pub", role["__etcd_backup_ssh_key_record"]],
+        },
+    )
+    assert not failed, read["msg"]
+    for found in read["stat"].values():
+        if found["exists"]:
+            found["pw_name"] = found["gr_name"] = owner
+    return read
+
+
+def test_the_key_pair_is_checked_again_wherever_it_is_not_as_the_module_last_left_it(tmp_path: Path) -> None:
+    def role(**registered: Any) -> RoleVars:
+        return copy_role(__etcd_backup_config_dir=str(tmp_path), **registered)
+
+    fresh = role(__etcd_backup_state=key_pair_read(role()))
+    assert fresh["__etcd_backup_ssh_key_in_place"] is False
+    made = keypair_run(fresh)
+    assert made["changed"]
+    # the record task, on the stat the role reads after the module ran
+    record_task = task_in("roles/etcd_backup/tasks/copy-to-node.yml", "Record the checksums")
+    after = key_pair_read(role())
+    record = role(__etcd_backup_ssh_key_read=after).template(record_task["ansible.builtin.copy"]["content"])
+    assert subprocess.run(["sha1sum", "-c", "--quiet", "-"], input=record, text=True).returncode == 0
+    key, pub = fresh["__etcd_backup_ssh_key_files"]
+    Path(fresh["__etcd_backup_ssh_key_record"]).write_text(record)
+
+    def verdict(owner: str = "root") -> bool:
+        return role(__etcd_backup_state=key_pair_read(role(), owner))["__etcd_backup_ssh_key_in_place"]
+
+    # in place: the module leaves the pair as it is, and the key the role authorizes is the module's
+    assert verdict() is True
+    assert keypair_run(fresh, check_mode=True)["changed"] is False
+    converged = role(__etcd_backup_state=key_pair_read(role()), __etcd_backup_keypair={"skipped": True})
+    assert converged["__etcd_backup_copy_public_key"] == made["public_key"]
+    assert role(__etcd_backup_keypair=made)["__etcd_backup_copy_public_key"] == made["public_key"]
+    # what the module would change or check again: never in place
+    assert verdict(owner="nobody") is False
+    Path(pub).chmod(0o644)
+    assert verdict() is False
+    Path(pub).chmod(0o600)
+    text = Path(pub).read_text()
+    Path(pub).write_text(text.replace("etcd-backup@gpu-node-1", "someone@else"))
+    assert verdict() is False
+    assert keypair_run(fresh, check_mode=True)["changed"] is True
+    Path(pub).write_text(text)
+    assert verdict() is True
+    other = tmp_path / "other"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "", "-f", str(other)], check=True)
+    original = Path(key).read_bytes()
+    Path(key).write_bytes(other.read_bytes())
+    assert verdict() is False
+    Path(key).write_bytes(original)
+    assert verdict() is True
+    Path(fresh["__etcd_backup_ssh_key_record"]).unlink()
+    assert verdict() is False
+    Path(fresh["__etcd_backup_ssh_key_record"]).write_text(record)
+    Path(pub).unlink()
+    assert verdict() is False
+
+
+def test_the_first_backup_is_taken_where_the_read_finds_what_find_found(tmp_path: Path) -> None:
+    """The snapshots' find in the role's first read answers as the find task it replaced (paths, patterns)."""
+    import ansible.modules.find as real_find
+
+    backups = tmp_path / "etcd"
+    role = copy_role(etcd_backup_dir=str(backups))
+    read = task_in("roles/etcd_backup/tasks/main.yml", "Find which of the backup's files differ")
+    (entry,) = role.template(read["files_in_place"]["find"])
+    # the directory missing, there with no snapshot, with one
+    for files in ([], ["etcd-snapshot-1.db", "etcd-snapshot-1.txt"], ["etcd-snapshot-1.json"]):
+        if files or backups.exists():
+            backups.mkdir(exist_ok=True)
+        for name in files:
+            (backups / name).write_text("{}")
+        failed, found = run_module(files_in_place, {"find": [entry]})
+        assert not failed, found["msg"]
+        failed, old = run_module(real_find, {"paths": [str(backups)], "patterns": ["etcd-snapshot-*.json"]})
+        assert not failed, old["msg"]
+        assert found["found"]["snapshots"]["matched"] == old["matched"] == files.count("etcd-snapshot-1.json")
