@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -68,8 +69,11 @@ module.exit_json(changed=False, ansible_facts=module.params["facts"])
 """
 
 
-def run_validate(tmp_path: Path, facts: dict[str, Any], node_ip: str = "10.0.0.11") -> tuple[int, str]:
-    """kubeadm_control_plane's validate.yml on gpu-node-1 (local connection) with FACTS as its facts."""
+def run_validate(
+    tmp_path: Path, facts: dict[str, Any], node_ip: str = "10.0.0.11", **values: Any
+) -> tuple[int, str]:
+    """kubeadm_control_plane's validate.yml on gpu-node-1 (local connection) with FACTS as its facts, and
+    VALUES as extra variables."""
     (tmp_path / "library").mkdir()
     (tmp_path / "library" / "fake_facts.py").write_text(FAKE_FACTS_MODULE)
     host = {
@@ -98,6 +102,8 @@ def run_validate(tmp_path: Path, facts: dict[str, Any], node_ip: str = "10.0.0.1
             "-i",
             str(tmp_path / "hosts.yml"),
             str(tmp_path / "play.yml"),
+            "-e",
+            json.dumps(values),
         ],
         capture_output=True,
         text=True,
@@ -166,6 +172,30 @@ def test_a_node_ip_the_node_does_not_hold_is_refused(tmp_path: Path) -> None:
     assert rc != 0
     assert "node_ip of gpu-node-1 (10.0.0.99) is not an address of this node" in out, out[-3000:]
     assert "eno1 10.0.0.11/24" in out  # what it holds, to pick from
+
+
+R = "kubeadm_control_plane_"  # the role's prefix
+
+
+@pytest.mark.parametrize(
+    ("values", "named"),
+    [
+        ({R + "pod_subnet": "10.244.0.0"}, R + "pod_subnet must be a network in CIDR notation"),
+        ({R + "service_subnet": "10.96.0.1/12"}, R + "service_subnet must be a network in CIDR notation"),
+        ({R + "service_subnet": "10.244.0.0/24"}, "overlaps kubeadm_control_plane_service_subnet"),
+        ({R + "proxy_mode": "userspace"}, R + "proxy_mode must be ipvs, nftables or iptables"),
+        ({R + "operator_cert_validity_hours": 24}, "or every run would issue new certificates"),
+        ({R + "operator_cert_renew_days": "3"}, R + "operator_cert_renew_days must be a whole number"),
+    ],
+    ids=["pod-subnet-no-prefix", "service-host-bits", "subnets-overlap", "proxy-mode", "cert-life", "type"],
+)
+def test_each_value_check_of_the_one_task_refuses_naming_the_variable(
+    tmp_path: Path, values: dict[str, Any], named: str
+) -> None:
+    """The checks the role made in an assert task each, made in one value_checks task: each still refuses."""
+    rc, out = run_validate(tmp_path, SERVER, **values)
+    assert rc != 0
+    assert named in out, out[-3000:]
 
 
 def networks_module() -> ModuleType:
