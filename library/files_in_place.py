@@ -467,7 +467,8 @@ found:
         - The entries found, in the order M(ansible.builtin.find) lists them, each C(path) and what that
           module returns of it among C(isreg), C(isdir), C(islnk) (of the entry itself, not followed),
           C(mode) (4 octal digits), C(uid), C(gid), C(pw_name), C(gr_name) (empty where the id has no name),
-          C(size), C(mtime), and with O(find[].get_checksum) the C(checksum) (SHA-1) of a regular file.
+          C(size), C(mtime), C(ctime), and with O(find[].get_checksum) the C(checksum) (SHA-1) of a regular
+          file.
       type: list
       elements: dict
     matched:

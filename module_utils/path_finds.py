@@ -13,8 +13,8 @@ repeated (a role's read meets directories its later tasks make).
 
 Each entry found is ``path`` and the part of find's stat the roles read: ``isreg``, ``isdir``, ``islnk`` (of
 the entry itself, never followed), ``mode`` (4 octal digits), ``uid``, ``gid``, ``pw_name``, ``gr_name``
-(empty where the id has no name), ``size``, ``mtime``, and with ``get_checksum`` the ``checksum`` of a regular
-file.
+(empty where the id has no name), ``size``, ``mtime``, ``ctime``, and with ``get_checksum`` the ``checksum``
+of a regular file.
 """
 
 from __future__ import annotations
@@ -100,6 +100,7 @@ def _matched(spec: FindSpec, name: str, path: str, st: os.stat_result) -> dict[s
     if spec.file_type == "file" and not _contains(path, spec.contains):
         return None
     found = stat_entry(path, st)
+    found["ctime"] = st.st_ctime  # as find answers (stat's reads leave it out): when a directory arrived
     if spec.get_checksum and stat.S_ISREG(st.st_mode):
         found["checksum"] = _checksum(path)
     return found

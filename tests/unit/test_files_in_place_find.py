@@ -22,7 +22,7 @@ from conftest import run_module
 from role_render import ROOT, RoleVars
 
 FIELDS = ("path", "isreg", "isdir", "islnk", "mode", "uid", "gid", "pw_name", "gr_name", "size", "mtime",
-          "checksum")  # fmt: skip
+          "ctime", "checksum")  # fmt: skip
 MODULE_LINE = "(?: *(?:overlay|br_netfilter) *|options (?:overlay|br_netfilter) \\w+=\\S+ *)(?:[#;].*)?$"
 
 
