@@ -161,6 +161,26 @@ METRICS_DIFFERS = [
     ["kubeadm-certificates-metrics.timer"],
 ]
 
+# model_sync: a model's version as read-published-state.yml noted it
+MODEL_SYNC_BASE = {
+    "inventory_hostname": "gpu-node-1",
+    "model_sync_source_node": "gpu-node-1",
+    "model_sync_model": {"name": "qwen2-tiny", "version": "v1", "source": "/srv/inbox/qwen2-tiny",
+                         "publisher_manifest": "/srv/inbox/qwen2-tiny.sha256"},
+    "__model_sync_verified": SKIPPED,
+    "ansible_check_mode": False,
+}
+MODEL_SYNC_STATES = [
+    dim("__model_sync_in_place", True, False),
+    dim("__model_sync_version_exists", True, False),
+    dim("__model_sync_current_target", "v1", "v0", ""),
+    CHECK,
+]
+MODEL_SYNC_CONVERGED = [
+    {"__model_sync_in_place": True, "__model_sync_version_exists": True, "__model_sync_current_target": "v1",
+     "ansible_check_mode": check} for check in (False, True)
+]
+
 GATES = [
     Gate(
         "nvidia_driver", "main.yml", "install-prerequisites.yml", True,
@@ -267,6 +287,14 @@ GATES = [
         [{"__control_plane_metrics_state": {"differ": []}}],
         {"ansible_check_mode": False},
     ),
+    Gate(
+        "model_sync", "admit-on-source.yml", "admit.yml", True, MODEL_SYNC_STATES, MODEL_SYNC_CONVERGED,
+        MODEL_SYNC_BASE,
+    ),
+    Gate(
+        "model_sync", "sync-to-node.yml", "sync.yml", True, MODEL_SYNC_STATES, MODEL_SYNC_CONVERGED,
+        MODEL_SYNC_BASE | {"inventory_hostname": "gpu-node-2"},
+    ),
 ]  # fmt: skip
 
 
@@ -310,11 +338,29 @@ def gate_task(gate: Gate) -> dict[str, Any]:
     return task
 
 
+def imports_inlined(role: str, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """ENTRIES with each import_tasks replaced by the imported file's tasks, as a block under the import's
+    `when` and vars (as Ansible imports them)."""
+    out = []
+    for entry in entries or []:
+        imported = entry.get("ansible.builtin.import_tasks")
+        if imported:
+            tasks = imports_inlined(role, load(role, f"tasks/{imported}"))
+            out.append({"block": tasks, "when": entry.get("when"), "vars": entry.get("vars")})
+        elif "block" in entry:
+            parts = ("block", "rescue", "always")
+            out.append(entry | {p: imports_inlined(role, entry[p]) for p in parts if p in entry})
+        else:
+            out.append(entry)
+    return out
+
+
 def inner_tasks(gate: Gate) -> list[dict[str, Any]]:
-    """The included file's tasks; reboot-if-needed.yml's handler flush is its caller's too (test below)."""
+    """The included file's tasks (its imports' inlined); reboot-if-needed.yml's handler flush is its caller's
+    too (test below)."""
     return [
         t
-        for t in flat(load(gate.role, f"tasks/{gate.included}"), [], {})
+        for t in flat(imports_inlined(gate.role, load(gate.role, f"tasks/{gate.included}")), [], {})
         if t.get("ansible.builtin.meta") != "flush_handlers"
     ]
 

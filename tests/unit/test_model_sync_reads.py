@@ -140,6 +140,7 @@ def test_the_read_takes_each_models_paths_as_its_tasks_name_them() -> None:
         per_model = role_vars(model_sync_models=MODELS, model_sync_model=model)
         assert read == {
             "name": model["name"],
+            "dir": per_model["__model_sync_dir"],
             "version_dir": per_model["__model_sync_version_dir"],
             "manifest": per_model["__model_sync_manifest"],
             "current": per_model["__model_sync_dir"] + "/current",
@@ -204,36 +205,70 @@ def test_current_is_switched_unless_the_read_found_it_as_the_link_task_leaves_it
     assert switch_runs(link, {"exists": False})
 
 
-def test_pruning_keeps_the_version_current_names() -> None:
-    prune = task(
-        "tasks/prune-versions.yml",
-        "Remove the versions beyond the count kept, of {{ model_sync_model.name }}",
+def prune_paths(check_mode: bool, replaced: list[str], now: dict[str, Any]) -> list[str]:
+    """__model_sync_prune_paths, where the role's read listed qwen2-tiny's versions below and found `current`
+    naming v0 (llama has none), and main.yml's find listed NOW."""
+    listed = [
+        {"path": "/models/qwen2-tiny/v0", "ctime": 1.0},
+        {"path": "/models/qwen2-tiny/v1", "ctime": 3.0},
+        {"path": "/models/qwen2-tiny/v-1", "ctime": 0.5},
+        {"path": "/models/qwen2-tiny/v2", "ctime": 2.0},
+    ]
+    current = {"exists": True, "islnk": True, "lnk_target": "v0"}
+    role = role_vars(
+        model_sync_models=MODELS,
+        model_sync_keep_versions=2,
+        __model_sync_found={
+            "stat": {"/models/qwen2-tiny/current": current, "/models/llama/current": {"exists": False}},
+            "found": {"versions": {"files": listed}},
+        },
+        __model_sync_replaced=replaced,
+        __model_sync_versions_now=now,
+        ansible_check_mode=check_mode,
     )
-    found = {"stat": {"/models/qwen2-tiny/current": {"exists": True, "islnk": True, "lnk_target": "v0"}}}
-    versions = {
+    return list(role["__model_sync_prune_paths"])
+
+
+def cache_of(version_dir: str) -> list[str]:
+    parent, name = version_dir.rsplit("/", 1)
+    return [version_dir, f"{version_dir}.manifest.json", f"{parent}/.{name}.manifest.json.cache"]
+
+
+def test_pruning_keeps_the_version_current_names() -> None:
+    skipped = {"changed": False, "skipped": True}
+    # a real run switched current to the listed version v1 (or found it so): v0 goes, v2 is kept beside it
+    assert prune_paths(False, [], skipped) == cache_of("/models/qwen2-tiny/v0") + cache_of(
+        "/models/qwen2-tiny/v-1"
+    )
+    # --check switched nothing: current still names v0, as the read found it
+    assert prune_paths(True, [], skipped) == cache_of("/models/qwen2-tiny/v2") + cache_of(
+        "/models/qwen2-tiny/v-1"
+    )
+
+
+def test_pruning_lists_again_the_models_whose_version_the_run_replaced() -> None:
+    """A version moved into place since the read counts: main.yml's find of that model wins over the read's;
+    a model left as the read found it keeps the read's list (another model's find does not list it)."""
+    now = {
         "files": [
-            {"path": "/models/qwen2-tiny/v0", "ctime": 1.0},
-            {"path": "/models/qwen2-tiny/v1", "ctime": 3.0},
-            {"path": "/models/qwen2-tiny/v-1", "ctime": 0.5},
-            {"path": "/models/qwen2-tiny/v2", "ctime": 2.0},
+            {"path": "/models/llama/2024-06-06", "ctime": 9.0},
+            {"path": "/models/llama/2024-01-01", "ctime": 1.0},
+            {"path": "/models/llama/2023-12-01", "ctime": 0.5},
         ]
     }
-
-    def old(check_mode: bool) -> list[str]:
-        role = role_vars(
-            model_sync_model=MODELS[0],
-            model_sync_keep_versions=2,
-            __model_sync_found=found,
-            __model_sync_versions=versions,
-            ansible_check_mode=check_mode,
-            __model_sync_current_version=prune["vars"]["__model_sync_current_version"],
-        )
-        return list(role.template(prune["vars"]["__model_sync_old_versions"]))
-
-    # a real run switched current to the listed version v1 (or found it so): v0 goes, v2 is kept beside it
-    assert old(check_mode=False) == ["/models/qwen2-tiny/v0", "/models/qwen2-tiny/v-1"]
-    # --check switched nothing: current still names v0, as the read found it
-    assert old(check_mode=True) == ["/models/qwen2-tiny/v2", "/models/qwen2-tiny/v-1"]
+    assert prune_paths(False, ["llama"], now) == (
+        cache_of("/models/qwen2-tiny/v0")
+        + cache_of("/models/qwen2-tiny/v-1")
+        + cache_of("/models/llama/2023-12-01")
+    )
+    now["files"] += [
+        {"path": "/models/qwen2-tiny/v1", "ctime": 9.0},
+        {"path": "/models/qwen2-tiny/v5", "ctime": 7.0},
+        {"path": "/models/qwen2-tiny/v4", "ctime": 6.0},
+    ]
+    assert prune_paths(False, ["qwen2-tiny"], now) == cache_of("/models/qwen2-tiny/v4")
+    # --check lists nothing again (nothing was replaced): the read's list holds
+    assert prune_paths(True, ["qwen2-tiny"], {"changed": False, "skipped": True}) == prune_paths(True, [], {})
 
 
 def test_the_source_shares_the_manifests_read_and_those_published_in_this_run() -> None:
@@ -312,3 +347,49 @@ def test_a_nodes_host_key_is_trusted_unless_known_hosts_holds_it() -> None:
     assert runs("gpu-node-2", f"{NODE} ssh-ed25519 {key}x\n")
     assert runs("gpu-node-2", None)
     assert not runs("gpu-node-3", None)  # no host key gathered: not trusted, not synced to
+
+
+# ------------------------------------------------------- the sync account, as the user task leaves it
+
+PASSWD = "modelsync:x:998:998:model weights sync (rsync only):/var/lib/modelsync:/bin/sh\n"
+SHADOW = "modelsync:!:19700::::::\n"
+
+
+def account_in_place(tmp_path: Path, passwd: str, shadow: str, home: bool = True) -> bool:
+    """__model_sync_account_in_place, on what files_in_place finds of the role's finds in TMP_PATH standing
+    for /etc (passwd and shadow there, with root's and another account's lines around the sync account's)."""
+    import files_in_place
+    from conftest import run_module
+
+    etc = tmp_path / "etc"
+    etc.mkdir(exist_ok=True)
+    others = "root:x:0:0:root:/root:/bin/bash\n", "root:*:19700:0:99999:7:::\n"
+    (etc / "passwd").write_text(others[0] + passwd + "modelsync2:x:1:1::/:/bin/sh\n")
+    (etc / "shadow").write_text(others[1] + shadow)
+    finds = [
+        entry | {"paths": [str(etc)]}
+        for entry in role_vars(model_sync_models=MODELS)["__model_sync_read_find"]
+        if entry["name"] != "versions"
+    ]
+    failed, read = run_module(files_in_place, {"find": finds})
+    assert not failed, read
+    home_stat = {"exists": home}
+    role = role_vars(__model_sync_found={"found": read["found"], "stat": {"/var/lib/modelsync": home_stat}})
+    return bool(role.when("__model_sync_account_in_place | bool"))
+
+
+def test_the_account_is_in_place_only_as_the_user_task_leaves_it(tmp_path: Path) -> None:
+    """The user module changes an existing account where its comment, home or shell differ, where its
+    password with the '!'s stripped is not empty, or where its home is not there; not on its uid or gid."""
+    assert account_in_place(tmp_path, PASSWD, SHADOW)
+    assert account_in_place(tmp_path, PASSWD.replace("998:998", "120:130"), SHADOW.replace(":!:", ":!!:"))
+    assert not account_in_place(tmp_path, PASSWD, SHADOW, home=False)
+    assert not account_in_place(tmp_path, "", SHADOW)  # no account
+    assert not account_in_place(tmp_path, PASSWD, "")
+    assert not account_in_place(tmp_path, PASSWD.replace("/bin/sh", "/bin/bash"), SHADOW)
+    assert not account_in_place(tmp_path, PASSWD.replace("/bin/sh", "/bin/sh2"), SHADOW)
+    assert not account_in_place(tmp_path, PASSWD.replace("/var/lib/modelsync", "/home/modelsync"), SHADOW)
+    assert not account_in_place(tmp_path, PASSWD.replace("(rsync only)", "rsync only"), SHADOW)
+    assert not account_in_place(tmp_path, PASSWD, SHADOW.replace(":!:", ":$6$salt$hash:"))
+    assert not account_in_place(tmp_path, PASSWD, SHADOW.replace(":!:", ":!$6$salt$hash:"))
+    assert not account_in_place(tmp_path, PASSWD, SHADOW.replace(":!:", ":*:"))

@@ -97,10 +97,23 @@ def test_the_stop_wait_passes_once_no_control_plane_container_runs_and_not_befor
 
 def test_pruning_an_old_model_version_removes_its_manifest_and_its_cache() -> None:
     prune = task(
-        "roles/model_sync/tasks/prune-versions.yml",
-        "Remove the versions beyond the count kept, of {{ model_sync_model.name }}",
+        "roles/model_sync/tasks/main.yml",
+        "Remove old versions beyond model_sync_keep_versions (never current)",
     )
-    role = RoleVars("model_sync", __model_sync_old_versions=["/srv/models/qwen2/v1"])
+    versions = [
+        {"path": "/srv/models/qwen2/v2", "ctime": 2.0},
+        {"path": "/srv/models/qwen2/v1", "ctime": 1.0},
+    ]
+    role = RoleVars(
+        "model_sync",
+        model_sync_root="/srv/models",
+        model_sync_models=[{"name": "qwen2", "version": "v2"}],
+        model_sync_keep_versions=1,
+        ansible_check_mode=False,
+        __model_sync_replaced=[],
+        __model_sync_versions_now={"skipped": True},
+        __model_sync_found={"found": {"versions": {"files": versions}}},
+    )
     assert role.template(prune["loop"]) == [
         "/srv/models/qwen2/v1",
         "/srv/models/qwen2/v1.manifest.json",
