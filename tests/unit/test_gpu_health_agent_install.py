@@ -7,6 +7,7 @@ against what the find returns for a node in each state.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 from typing import Any
 
@@ -121,3 +122,71 @@ def test_a_directory_that_differs_is_made_again_and_only_it() -> None:
     assert calls(DIRS, node) == [f"{LIB}/ansible"]
     del node[CODE_DIR]
     assert calls(DIRS, node) == [f"{LIB}/ansible", CODE_DIR]
+
+
+# ------------------------------------------------------------ the agent's user and home, from the same read
+USER_TASK = "Create the agent's system user {{ gpu_health_agent_user }}"
+HOME_TASK = "Create {{ __gpu_health_agent_home }}"
+PASSWD = (
+    "root:x:0:0:root:/root:/bin/bash\n"
+    "gpu-health-agent:x:998:998::/nonexistent:/usr/sbin/nologin\n"
+    "labadmin:x:1000:1000::/home/labadmin:/bin/bash\n"
+)
+GROUP = "root:x:0:\nvideo:x:44:gpu-health-agent\nrender:x:109:labadmin,gpu-health-agent\nsudo:x:27:labadmin\n"
+
+
+def b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def user_task_runs(
+    passwd: str | None, group: str | None = GROUP, device_groups: list[Any] | None = None
+) -> bool:
+    """Whether the user task runs over the read's slurp of /etc/passwd and /etc/group (None: not there)."""
+    slurp = {
+        "/etc/passwd": {"content": b64(passwd)} if passwd is not None else {},
+        "/etc/group": {"content": b64(group)} if group is not None else {},
+    }
+    role = RoleVars(
+        "gpu_health_agent",
+        __gpu_health_agent_service_state={"slurp": slurp, "differ": []},
+        gpu_health_agent_device_groups=device_groups or [],
+    )
+    return role.when(TASKS[USER_TASK]["when"])
+
+
+def test_the_read_takes_the_home_and_the_accounts_the_user_and_file_tasks_manage() -> None:
+    read = TASKS[READ]["files_in_place"]
+    assert read["files"] == "{{ [__gpu_health_agent_home_dir] + __gpu_health_agent_service_files }}"
+    # the home as the file task makes it: all it manages (path, state, owner, group, mode)
+    assert ROLE["__gpu_health_agent_home_dir"] == ROLE.template(TASKS[HOME_TASK]["ansible.builtin.file"])
+    assert ROLE.template(read["slurp"]) == ["/etc/passwd", "/etc/group"]
+    user = ROLE.template(TASKS[USER_TASK]["ansible.builtin.user"])
+    assert (user["shell"], user["home"], user["create_home"], user["append"]) == (
+        "/usr/sbin/nologin", "/nonexistent", False, True,
+    )  # fmt: skip
+    # the home task runs only where the read found it otherwise
+    role = RoleVars("gpu_health_agent", __gpu_health_agent_service_state={"differ": []})
+    assert role.when(TASKS[HOME_TASK]["when"]) is False
+    role = RoleVars("gpu_health_agent", __gpu_health_agent_service_state={"differ": [HOME]})
+    assert role.when(TASKS[HOME_TASK]["when"]) is True
+
+
+def test_the_user_task_runs_only_for_an_account_not_as_it_leaves_it() -> None:
+    assert user_task_runs(PASSWD) is False
+    assert user_task_runs(PASSWD, device_groups=["video", "render"]) is False
+    # a new node: no account; the read found no passwd at all
+    assert user_task_runs(PASSWD.replace("gpu-health-agent:", "other:")) is True
+    assert user_task_runs(None) is True
+    # drift the module puts back: shell, home, a device group it is not a member of (or that is not there)
+    assert user_task_runs(PASSWD.replace("/usr/sbin/nologin", "/bin/bash")) is True
+    assert user_task_runs(PASSWD.replace("/nonexistent", "/home/gpu-health-agent")) is True
+    assert user_task_runs(PASSWD, device_groups=["video", "sudo"]) is True
+    assert user_task_runs(PASSWD, device_groups=["kvm"]) is True
+    assert user_task_runs(PASSWD, None, device_groups=["video"]) is True
+    # a group given by number: not judged here, the module runs
+    assert user_task_runs(PASSWD, device_groups=[44]) is True
+    # unsure: the account on two lines, a NIS compat line
+    twice = PASSWD + "gpu-health-agent:x:997:997::/nonexistent:/usr/sbin/nologin\n"
+    assert user_task_runs(twice) is True
+    assert user_task_runs(PASSWD + "+::::::\n") is True
