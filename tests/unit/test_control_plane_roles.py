@@ -430,8 +430,8 @@ def tools_in_place(tmp_path: Path, *, record: str | None, owner: str = "root") -
 
 
 def recorded(tmp_path: Path) -> str:
-    """The record tasks/tools.yml writes after copying the tools now in TMP_PATH/bin (copy's checksums)."""
-    tasks = yaml.safe_load((ROOT / "roles/etcd_backup/tasks/tools.yml").read_text())
+    """The record tools-copy.yml writes after copying the tools now in TMP_PATH/bin (copy's checksums)."""
+    tasks = yaml.safe_load((ROOT / "roles/etcd_backup/tasks/tools-copy.yml").read_text())
     (copying,) = [t for t in tasks if "block" in t and t["name"].startswith("Copy the tools")]
     (task,) = [t for t in copying["block"] if t["name"].startswith("Record their checksums")]
     role = copy_role(__etcd_backup_bin=str(tmp_path / "bin"))
@@ -472,12 +472,12 @@ def task_in(path: str, name: str) -> dict[str, Any]:
 
 
 def keypair_run(role: RoleVars, *, check_mode: bool = False) -> dict[str, Any]:
-    """The real key task of copy-to-node.yml on the role's pair (owner and group left out: this test runs as
+    """The real key task of ssh-key.yml on the role's pair (owner and group left out: this test runs as
     whoever it is; the verdict's owner is set by key_pair_read)."""
     from ansible_collections.community.crypto.plugins.modules import openssh_keypair
 
     args = dict(
-        task_in("roles/etcd_backup/tasks/copy-to-node.yml", "Generate the copy's SSH key")[
+        task_in("roles/etcd_backup/tasks/ssh-key.yml", "Generate the copy's SSH key")[
             "community.crypto.openssh_keypair"
         ]
     )
@@ -512,7 +512,7 @@ def test_the_key_pair_is_checked_again_wherever_it_is_not_as_the_module_last_lef
     made = keypair_run(fresh)
     assert made["changed"]
     # the record task, on the stat the role reads after the module ran
-    record_task = task_in("roles/etcd_backup/tasks/copy-to-node.yml", "Record the checksums")
+    record_task = task_in("roles/etcd_backup/tasks/ssh-key.yml", "Record the checksums")
     after = key_pair_read(role())
     record = role(__etcd_backup_ssh_key_read=after).template(record_task["ansible.builtin.copy"]["content"])
     assert subprocess.run(["sha1sum", "-c", "--quiet", "-"], input=record, text=True).returncode == 0

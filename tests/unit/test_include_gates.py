@@ -61,6 +61,7 @@ class Gate:
     ran: dict[str, Any] = field(
         default_factory=dict
     )  # what a task of the file that ran registers, beyond RAN
+    registered: dict[str, Any] = field(default_factory=dict)  # what a task registers when it runs, beyond RAN
 
     @property
     def id(self) -> str:
@@ -295,6 +296,19 @@ GATES = [
         "model_sync", "sync-to-node.yml", "sync.yml", True, MODEL_SYNC_STATES, MODEL_SYNC_CONVERGED,
         MODEL_SYNC_BASE | {"inventory_hostname": "gpu-node-2"},
     ),
+    Gate(
+        "etcd_backup", "tools.yml", "tools-copy.yml", True,
+        [CHECK, dim("__etcd_backup_tools_stale", True, False)],
+        [{"__etcd_backup_tools_stale": False}],
+        {"ansible_check_mode": False},
+        registered={"__etcd_backup_mount": {"path": "/tmp/etcd-image-x"}, "__etcd_backup_unmount": {"rc": 0}},
+    ),
+    Gate(
+        "etcd_backup", "copy-to-node.yml", "ssh-key.yml", True,
+        [CHECK, dim("__etcd_backup_ssh_key_in_place", True, False)],
+        [{"__etcd_backup_ssh_key_in_place": True}],
+        {"ansible_check_mode": False},
+    ),
 ]  # fmt: skip
 
 
@@ -409,7 +423,9 @@ def which_run(gate: Gate, state: dict[str, Any]) -> list[str]:
         if did:
             ran.append(task["name"])
         if "register" in task:
-            variables = variables | {task["register"]: RAN | gate.ran if did else SKIPPED}
+            variables = variables | {
+                task["register"]: RAN | gate.ran | gate.registered.get(task["register"], {}) if did else SKIPPED
+            }
     return ran
 
 
