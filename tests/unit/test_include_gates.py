@@ -181,6 +181,32 @@ MODEL_SYNC_CONVERGED = [
     {"__model_sync_in_place": True, "__model_sync_version_exists": True, "__model_sync_current_target": "v1",
      "ansible_check_mode": check} for check in (False, True)
 ]
+# gpu_health_agent: its read (install-agent.yml) of the settings directory, the settings, the token, the unit
+# file and the unit, and of the cluster CA and the agent's copy (stat)
+AGENT_CA, AGENT_CA_COPY = "/etc/kubernetes/pki/ca.crt", "/etc/gpu-health-agent/ca.crt"
+AGENT_CA_READS = (
+    {
+        AGENT_CA: {"exists": True, "checksum": "c"},
+        AGENT_CA_COPY: {
+            "exists": True,
+            "isreg": True,
+            "checksum": "c",
+            "pw_name": "root",
+            "gr_name": "gpu-health-agent",
+            "mode": "0640",
+        },
+    },
+    {AGENT_CA: {"exists": True, "checksum": "c"}, AGENT_CA_COPY: {"exists": False}},
+)
+AGENT_DIFFERS = (
+    [],
+    ["/etc/gpu-health-agent"],
+    ["/etc/gpu-health-agent/config.json"],
+    ["/etc/gpu-health-agent/token"],
+    ["/etc/systemd/system/gpu-health-agent.service"],
+    ["gpu-health-agent.service"],
+    ["/opt/gpu-health-agent"],
+)
 
 GATES = [
     Gate(
@@ -308,6 +334,16 @@ GATES = [
         [CHECK, dim("__etcd_backup_ssh_key_in_place", True, False)],
         [{"__etcd_backup_ssh_key_in_place": True}],
         {"ansible_check_mode": False},
+    ),
+    Gate(
+        "gpu_health_agent", "main.yml", "configure-service.yml", True,
+        [dim("__gpu_health_agent_service_state",
+             *({"differ": d, "stat": ca} for d in AGENT_DIFFERS for ca in AGENT_CA_READS)),
+         CHECK, dim("__gpu_health_agent_user_task", RAN, SKIPPED),
+         dim("__gpu_health_agent_token_b64", "", "dG9rZW4=")],
+        [{"__gpu_health_agent_service_state": {"differ": [], "stat": AGENT_CA_READS[0]},
+          "__gpu_health_agent_user_task": SKIPPED, "ansible_check_mode": check} for check in (False, True)],
+        {"ansible_check_mode": False, "__gpu_health_agent_token_b64": "dG9rZW4="},
     ),
 ]  # fmt: skip
 
