@@ -166,8 +166,12 @@ METRICS_DIFFERS = [
 MODEL_SYNC_BASE = {
     "inventory_hostname": "gpu-node-1",
     "model_sync_source_node": "gpu-node-1",
-    "model_sync_model": {"name": "qwen2-tiny", "version": "v1", "source": "/srv/inbox/qwen2-tiny",
-                         "publisher_manifest": "/srv/inbox/qwen2-tiny.sha256"},
+    "model_sync_model": {
+        "name": "qwen2-tiny",
+        "version": "v1",
+        "source": "/srv/inbox/qwen2-tiny",
+        "publisher_manifest": "/srv/inbox/qwen2-tiny.sha256",
+    },
     "__model_sync_verified": SKIPPED,
     "ansible_check_mode": False,
 }
@@ -178,8 +182,13 @@ MODEL_SYNC_STATES = [
     CHECK,
 ]
 MODEL_SYNC_CONVERGED = [
-    {"__model_sync_in_place": True, "__model_sync_version_exists": True, "__model_sync_current_target": "v1",
-     "ansible_check_mode": check} for check in (False, True)
+    {
+        "__model_sync_in_place": True,
+        "__model_sync_version_exists": True,
+        "__model_sync_current_target": "v1",
+        "ansible_check_mode": check,
+    }
+    for check in (False, True)
 ]
 # gpu_health_agent: its read (install-agent.yml) of the settings directory, the settings, the token, the unit
 # file and the unit, and of the cluster CA and the agent's copy (stat)
@@ -207,6 +216,14 @@ AGENT_DIFFERS = (
     ["gpu-health-agent.service"],
     ["/opt/gpu-health-agent"],
 )
+MODEL_SYNC_PACKAGES = dim(
+    "__model_sync_packages_found", {"differ": []}, {"differ": ["rsync"]}, {"differ": ["clamav"]},
+    {"differ": ["/opt/model-tools"]},
+)  # fmt: skip
+MODEL_SYNC_DIRECTORIES = dim(
+    "__model_sync_found", *({"differ": d} for d in ([], ["/models"], ["/models/.incoming"],
+                                                     ["/models/.admission"], ["/var/lib/modelsync/.ssh"])),
+)  # fmt: skip
 
 GATES = [
     Gate(
@@ -344,6 +361,16 @@ GATES = [
         [{"__gpu_health_agent_service_state": {"differ": [], "stat": AGENT_CA_READS[0]},
           "__gpu_health_agent_user_task": SKIPPED, "ansible_check_mode": check} for check in (False, True)],
         {"ansible_check_mode": False, "__gpu_health_agent_token_b64": "dG9rZW4="},
+    ),
+    Gate(
+        "model_sync", "prepare-nodes.yml", "make-nodes.yml", True,
+        [MODEL_SYNC_PACKAGES, MODEL_SYNC_DIRECTORIES, dim("__model_sync_account_in_place", True, False),
+         dim("inventory_hostname", "gpu-node-1", "gpu-node-2")],
+        [{"__model_sync_packages_found": {"differ": []}, "__model_sync_found": {"differ": []},
+          "__model_sync_account_in_place": True, "inventory_hostname": host}
+         for host in ("gpu-node-1", "gpu-node-2")],
+        {"model_sync_source_node": "gpu-node-1",
+         "__model_sync_tools": {"venv": "/opt/model-tools", "requirements": ["picklescan==0.0.16"]}},
     ),
 ]  # fmt: skip
 
