@@ -13,6 +13,7 @@ import base64
 import gzip
 import hashlib
 import importlib.util
+import json
 import os
 from pathlib import Path
 from types import ModuleType
@@ -393,3 +394,39 @@ def test_the_account_is_in_place_only_as_the_user_task_leaves_it(tmp_path: Path)
     assert not account_in_place(tmp_path, PASSWD, SHADOW.replace(":!:", ":$6$salt$hash:"))
     assert not account_in_place(tmp_path, PASSWD, SHADOW.replace(":!:", ":!$6$salt$hash:"))
     assert not account_in_place(tmp_path, PASSWD, SHADOW.replace(":!:", ":*:"))
+
+
+# ------------------------------------------------ validate.yml's check of each model entry, in one task
+
+GOOD = {"name": "qwen2", "version": "v1", "source": "/srv/inbox/q", "publisher_manifest": "/srv/inbox/q.json"}
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "qwen2-tiny",
+        GOOD | {"name": ".hidden"},
+        GOOD | {"name": "a/b"},
+        {k: v for k, v in GOOD.items() if k != "version"},
+        GOOD | {"version": "current"},
+        GOOD | {"version": ""},
+        GOOD | {"source": "inbox/q"},
+        GOOD | {"publisher_manifest": ""},
+        GOOD | {"serving_uid": "1001"},
+        GOOD | {"extra": True},
+    ],
+)
+def test_each_model_entry_not_as_validate_wants_it_is_named(entry: Any) -> None:
+    (check,) = [
+        c
+        for c in yaml.safe_load((ROLE / "tasks/validate.yml").read_text())[0]["value_checks"]["checks"]
+        if c["that"] == "__model_sync_bad_entries | length == 0"
+    ]
+    other = GOOD | {"name": "b", "version": "2024-06-06", "serving_uid": 0}
+    good = role_vars(model_sync_models=[GOOD, other])
+    assert good.when(check["that"])
+    role = role_vars(model_sync_models=[GOOD, entry, GOOD | {"name": "c"}], model_sync_serving_uid=1001)
+    assert not role.when(check["that"])
+    message = " ".join(str(role.template(check["fail_msg"])).split())
+    assert message.startswith("model_sync_models[1] must each have"), message
+    assert message.endswith(f"got {json.dumps([entry])}."), message
