@@ -309,7 +309,10 @@ def test_the_key_is_authorized_unless_the_file_holds_exactly_its_line() -> None:
         slurped = {"content": base64.b64encode(found.encode()).decode()} if found is not None else {}
         role = role_vars(
             hostvars={
-                "gpu-node-1": {"__model_sync_address": "10.89.42.11", "__model_sync_public_key": public_key}
+                "gpu-node-1": {
+                    "__model_sync_address": "10.89.42.11",
+                    "__model_sync_keypair": {"changed": False, "public_key": public_key},
+                }
             },
             __model_sync_rrsync="/usr/local/bin/rrsync",
             __model_sync_found={"slurp": {"/var/lib/modelsync/.ssh/authorized_keys": slurped}},
@@ -321,6 +324,16 @@ def test_the_key_is_authorized_unless_the_file_holds_exactly_its_line() -> None:
     assert runs(SYNC_KEY, line.replace("10.89.42.11", "10.89.42.21"))
     assert runs(SYNC_KEY, None)
     assert not runs("", None)  # --check, no key on the source node yet: reported instead
+
+
+def test_the_source_nodes_public_key_is_the_one_its_key_task_registered() -> None:
+    def key(source: dict[str, Any]) -> Any:
+        return role_vars(hostvars={"gpu-node-1": source})["__model_sync_source_public_key"]
+
+    assert key({"__model_sync_keypair": {"changed": False, "public_key": SYNC_KEY}}) == SYNC_KEY
+    assert key({"__model_sync_keypair": {"changed": False, "public_key": ""}}) == ""
+    assert key({"__model_sync_keypair": {"failed": True, "msg": "no"}}) == ""  # it failed there
+    assert key({}) == ""  # the source node failed before its key task
 
 
 def test_a_nodes_host_key_is_trusted_unless_known_hosts_holds_it() -> None:
