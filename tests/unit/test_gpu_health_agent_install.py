@@ -15,9 +15,11 @@ import pytest
 import yaml
 from role_render import ROOT, RoleVars, items_run
 
+# install-agent.yml reads, then includes install-code.yml under a gate (test_include_gates.py holds it)
 TASKS = {
     t["name"]: t
-    for t in yaml.safe_load((ROOT / "roles/gpu_health_agent/tasks/install-agent.yml").read_text())
+    for path in ("install-agent.yml", "install-code.yml")
+    for t in yaml.safe_load((ROOT / "roles/gpu_health_agent/tasks" / path).read_text())
 }
 READ = "Find which of the agent's settings files differ from what the role writes, and its unit"
 DIRS = "Create the code directories"
@@ -56,8 +58,7 @@ def calls(task: str, node: dict[str, dict[str, Any]] | None) -> list[str]:
         found = {"files": [], "matched": 0, "skipped_paths": {HOME: f"'{HOME}' is not a directory"}}
     else:
         found = {"files": list(node.values()), "matched": len(node), "skipped_paths": {}}
-    items = TASKS[task]["loop"] if task == DIRS else FILES
-    items = [ROLE.template(item) for item in items]
+    items = ROLE.template(TASKS[task]["loop"]) if task == DIRS else FILES
     read = {"found": {"code": found}}
     return items_run("gpu_health_agent", TASKS[task], items, __gpu_health_agent_service_state=read,
                      __gpu_health_agent_module_utils_dir=str(ROOT / "module_utils"))  # fmt: skip
@@ -77,7 +78,8 @@ def test_the_find_reads_checksums_modes_and_owners_of_everything_under_home() ->
     assert not [task for task in service if "files_in_place" in task or "ansible.builtin.find" in task]
     # the files come from the project's module_utils, as the copy's src says
     copy = TASKS[CODE]
-    assert copy["vars"]["__gpu_health_agent_module_utils_dir"].startswith(
+    role_vars = yaml.safe_load((ROOT / "roles/gpu_health_agent/vars/main.yml").read_text())
+    assert role_vars["__gpu_health_agent_module_utils_dir"].startswith(
         "{{ lookup('ansible.builtin.config', 'DEFAULT_MODULE_UTILS_PATH')"
     )
     assert copy["ansible.builtin.copy"]["src"] == "{{ __gpu_health_agent_module_utils_dir }}/{{ item }}"

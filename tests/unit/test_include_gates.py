@@ -16,6 +16,7 @@ registers a changed result (the file is entered then anyway).
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import itertools
 from dataclasses import dataclass, field
@@ -225,6 +226,49 @@ MODEL_SYNC_DIRECTORIES = dim(
                                                      ["/models/.admission"], ["/var/lib/modelsync/.ssh"])),
 )  # fmt: skip
 
+# ... and its read of the agent's account (/etc/passwd, /etc/group), its home and its code (find `code`)
+AGENT_MODULE_UTILS = yaml.safe_load((ROOT / "roles/gpu_health_agent/vars/main.yml").read_text())[
+    "__gpu_health_agent_module_utils"
+]
+AGENT_CODE = "/opt/gpu-health-agent/lib/ansible/module_utils"
+
+
+def agent_found(drift: str = "") -> list[dict[str, Any]]:
+    """find `code`'s files on a converged node, or with DRIFT: a file appended to, a directory's mode, the
+    whole home not there."""
+    if drift == "no home":
+        return []
+    owned = {"pw_name": "root", "gr_name": "root"}
+    lib = "/opt/gpu-health-agent/lib"
+    dirs = [
+        {"path": path, "isdir": True, "isreg": False, "mode": "0700" if drift == "dir" else "0755"} | owned
+        for path in (lib, f"{lib}/ansible", AGENT_CODE)
+    ]
+    files = []
+    for name in AGENT_MODULE_UTILS:
+        content = (ROOT / "module_utils" / name).read_bytes()
+        if drift == "file" and not files:
+            content += b"#\n"
+        checksum = hashlib.sha1(content).hexdigest()
+        found = {"path": f"{AGENT_CODE}/{name}", "isdir": False, "isreg": True, "mode": "0644"}
+        files.append(found | owned | {"checksum": checksum})
+    return dirs + files
+
+
+def agent_install_read(differ: list[str], found: list[dict[str, Any]], account: bool) -> dict[str, Any]:
+    passwd = "root:x:0:0:root:/root:/bin/bash\n" + (
+        "gpu-health-agent:x:998:998::/nonexistent:/usr/sbin/nologin\n" if account else ""
+    )
+    return {
+        "differ": differ,
+        "found": {"code": {"files": found}},
+        "slurp": {
+            "/etc/passwd": {"content": base64.b64encode(passwd.encode()).decode()},
+            "/etc/group": {"content": base64.b64encode(b"root:x:0:\n").decode()},
+        },
+    }
+
+
 GATES = [
     Gate(
         "nvidia_driver", "main.yml", "install-prerequisites.yml", True,
@@ -356,7 +400,7 @@ GATES = [
         "gpu_health_agent", "main.yml", "configure-service.yml", True,
         [dim("__gpu_health_agent_service_state",
              *({"differ": d, "stat": ca} for d in AGENT_DIFFERS for ca in AGENT_CA_READS)),
-         CHECK, dim("__gpu_health_agent_user_task", RAN, SKIPPED),
+         CHECK, [{}, {"__gpu_health_agent_user_task": RAN}, {"__gpu_health_agent_user_task": SKIPPED}],
          dim("__gpu_health_agent_token_b64", "", "dG9rZW4=")],
         [{"__gpu_health_agent_service_state": {"differ": [], "stat": AGENT_CA_READS[0]},
           "__gpu_health_agent_user_task": SKIPPED, "ansible_check_mode": check} for check in (False, True)],
@@ -371,6 +415,18 @@ GATES = [
          for host in ("gpu-node-1", "gpu-node-2")],
         {"model_sync_source_node": "gpu-node-1",
          "__model_sync_tools": {"venv": "/opt/model-tools", "requirements": ["picklescan==0.0.16"]}},
+    ),
+    Gate(
+        "gpu_health_agent", "install-agent.yml", "install-code.yml", True,
+        [dim("__gpu_health_agent_service_state",
+             *(agent_install_read(differ, agent_found(drift), account)
+               for differ in ([], ["/opt/gpu-health-agent"], ["/etc/gpu-health-agent/config.json"])
+               for drift in ("", "file", "dir", "no home") for account in (True, False))),
+         dim("gpu_health_agent_device_groups", [], ["video"])],
+        [{"__gpu_health_agent_service_state": agent_install_read([], agent_found(), True)},
+         {"__gpu_health_agent_service_state": agent_install_read(["/etc/gpu-health-agent/config.json"],
+                                                                 agent_found(), True)}],
+        {"__gpu_health_agent_module_utils_dir": str(ROOT / "module_utils")},
     ),
 ]  # fmt: skip
 

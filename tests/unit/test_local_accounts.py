@@ -1,5 +1,5 @@
 """plugins/filter/local_accounts.py and the gates built on it: roles common (its operators' user and
-authorized_key tasks, ops_users.yml) and gpu_health_agent (its system user, install-agent.yml) call
+authorized_key tasks, ops_users.yml) and gpu_health_agent (its system user, install-code.yml) call
 ansible.builtin.user only for an account their files_in_place read did not find as the task leaves it. The
 gates are held here to the real module, its main() whole, over the same /etc/passwd and /etc/group (pwd and
 grp answered from them, its commands recorded instead of run): where a gate skips the task the module runs
@@ -156,7 +156,7 @@ def real_user_run(args: dict[str, Any], passwd: str, group: str) -> tuple[bool, 
 
 # ------------------------------------------------------------------ gpu_health_agent's system user
 
-AGENT = tasks("gpu_health_agent/tasks/install-agent.yml")[
+AGENT = tasks("gpu_health_agent/tasks/install-code.yml")[
     "Create the agent's system user {{ gpu_health_agent_user }}"
 ]
 AGENT_PASSWD = "root:x:0:0:root:/root:/bin/bash\ngpu-health-agent:x:998:998::/nonexistent:/usr/sbin/nologin\n"
