@@ -269,6 +269,37 @@ def agent_install_read(differ: list[str], found: list[dict[str, Any]], account: 
     }
 
 
+# common: its read (tasks/main.yml) of its files, edits, chrony's unit, /proc/swaps and cloud-init's
+# directory, and packages.yml's read of the base packages
+_COMMON_DROPIN = "/etc/cloud/cloud.cfg.d/99-llm-platform-hostname.cfg"
+_COMMON_DROPIN_SHA1 = hashlib.sha1(
+    yaml.safe_load((ROOT / "roles/common/vars/main.yml").read_text())[
+        "__common_cloud_init_dropin_content"
+    ].encode()
+).hexdigest()
+COMMON_CLOUD_INIT = (
+    {"/etc/cloud/cloud.cfg.d": {"exists": False}, _COMMON_DROPIN: {"exists": False}},
+    {"/etc/cloud/cloud.cfg.d": {"exists": True, "isdir": True},
+     _COMMON_DROPIN: {"exists": True, "isreg": True, "checksum": _COMMON_DROPIN_SHA1, "uid": 0, "gid": 0,
+                      "mode": "0644"}},
+    {"/etc/cloud/cloud.cfg.d": {"exists": True, "isdir": True}, _COMMON_DROPIN: {"exists": False}},
+)  # fmt: skip
+_SWAPS_HEADER = "Filename\tType\tSize\tUsed\tPriority\n"
+COMMON_SWAPS = tuple(
+    {"/proc/swaps": {"content": base64.b64encode(text.encode()).decode()}}
+    for text in (_SWAPS_HEADER, _SWAPS_HEADER + "/swapfile\tfile\t1024\t0\t-2\n")
+)
+CHRONY_UNITS = (
+    {"chrony": {"LoadState": "loaded", "ConditionResult": "yes", "ConditionTimestampMonotonic": "5"}},
+    {"chrony": {"LoadState": "loaded", "ConditionResult": "no", "ConditionTimestampMonotonic": "5"}},
+)
+
+
+def common_read(differ: list[str], **read: Any) -> dict[str, Any]:
+    return {"__common_files_state": {"differ": differ, "stat": COMMON_CLOUD_INIT[1], "slurp": COMMON_SWAPS[0],
+                                     "units": CHRONY_UNITS[0]} | read}  # fmt: skip
+
+
 GATES = [
     Gate(
         "nvidia_driver", "main.yml", "install-prerequisites.yml", True,
@@ -427,6 +458,36 @@ GATES = [
          {"__gpu_health_agent_service_state": agent_install_read(["/etc/gpu-health-agent/config.json"],
                                                                  agent_found(), True)}],
         {"__gpu_health_agent_module_utils_dir": str(ROOT / "module_utils")},
+    ),
+    Gate(
+        "common", "main.yml", "names.yml", True,
+        [dim("common_hostname_manage", True, False),
+         [common_read(differ, stat=stat) for differ in ([], ["/etc/hostname"], ["/etc/hosts"])
+          for stat in COMMON_CLOUD_INIT],
+         dim("ansible_facts", {"nodename": "gpu-node-1"}, {"nodename": "localhost"})],
+        [common_read([], stat=stat) | {"ansible_facts": {"nodename": "gpu-node-1"}}
+         for stat in COMMON_CLOUD_INIT[:2]],
+        {"inventory_hostname": "gpu-node-1"},
+    ),
+    Gate(
+        "common", "main.yml", "time_sync.yml", True,
+        [[common_read(differ, units=units)
+          for differ in ([], ["/etc/chrony/chrony.conf"], ["chrony"], ["/etc/chrony/chrony.conf", "chrony"])
+          for units in CHRONY_UNITS]],
+        [common_read([], units=units) for units in CHRONY_UNITS],
+    ),
+    Gate(
+        "common", "main.yml", "swap.yml", "common_swap_disable | bool",
+        [dim("common_swap_disable", True, False),
+         [common_read(differ, slurp=swaps) for differ in ([], ["/etc/fstab"]) for swaps in COMMON_SWAPS]],
+        [common_read([]) | {"common_swap_disable": swap} for swap in (True, False)],
+    ),
+    Gate(
+        "common", "main.yml", "ssh_hardening.yml", True,
+        [[common_read(differ) for differ in ([], ["/etc/ssh/sshd_config"],
+                                             ["/etc/ssh/sshd_config.d/10-common-hardening.conf"])],
+         dim("__common_packages_found", {"in_place": True}, {"in_place": False})],
+        [common_read([]) | {"__common_packages_found": {"in_place": True}}],
     ),
 ]  # fmt: skip
 
