@@ -300,6 +300,26 @@ def common_read(differ: list[str], **read: Any) -> dict[str, Any]:
                                      "units": CHRONY_UNITS[0]} | read}  # fmt: skip
 
 
+# ... and its read of the operators' accounts (/etc/passwd), homes and authorized_keys
+_OPS_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOnCallKey000000000000000000000000000000000 oncall@example"
+OPS = {"name": "ops", "comment": "On-call operator", "ssh_public_keys": [_OPS_KEY]}
+OPS_LISTS = ([], [OPS], [OPS, {"name": "leaver", "state": "absent"}], [OPS, {"name": "ops", "sudo": False}])
+
+
+def ops_read(
+    differ: list[str] = (), shell: str = "/bin/bash", keys: str = _OPS_KEY + "\n", account: bool = True
+):
+    passwd = "root:x:0:0:root:/root:/bin/bash\n" + (
+        f"ops:x:1001:1001:On-call operator:/home/ops:{shell}\n" if account else ""
+    )
+    b64 = {name: base64.b64encode(text.encode()).decode() for name, text in (("p", passwd), ("k", keys))}
+    return common_read(
+        list(differ),
+        slurp={"/etc/passwd": {"content": b64["p"]}, "/home/ops/.ssh/authorized_keys": {"content": b64["k"]}},
+        stat={"/home/ops": {"exists": True, "isdir": True}},
+    )
+
+
 GATES = [
     Gate(
         "nvidia_driver", "main.yml", "install-prerequisites.yml", True,
@@ -488,6 +508,14 @@ GATES = [
                                              ["/etc/ssh/sshd_config.d/10-common-hardening.conf"])],
          dim("__common_packages_found", {"in_place": True}, {"in_place": False})],
         [common_read([]) | {"__common_packages_found": {"in_place": True}}],
+    ),
+    Gate(
+        "common", "main.yml", "ops_users.yml", True,
+        [dim("common_ops_users", *OPS_LISTS),
+         [ops_read(), ops_read(shell="/bin/sh"), ops_read(keys=""), ops_read(account=False),
+          ops_read(["/etc/sudoers.d/ops-ops"])],
+         dim("common_ops_sudo_nopasswd", True)],
+        [ops_read() | {"common_ops_users": ops} for ops in OPS_LISTS[:2]],
     ),
 ]  # fmt: skip
 
