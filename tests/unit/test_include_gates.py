@@ -322,14 +322,34 @@ def ops_read(
 
 GATES = [
     Gate(
-        "nvidia_driver", "main.yml", "install-prerequisites.yml", True,
+        "nvidia_driver", "main.yml", "prepare-driver.yml", True,
+        [dim("nvidia_driver_source", "cuda_repo", "runfile"),
+         dim("__nvidia_driver_packages_found", IN_PLACE, APT_DIFFERS, NVML_DIFFERS), FILES_STATES,
+         dim("__nvidia_driver_reboot_reasons", [], ["nouveau is loaded"]), CHECK],
+        [{"nvidia_driver_source": "cuda_repo", "__nvidia_driver_packages_found": IN_PLACE,
+          "__nvidia_driver_files_state": CONVERGED_FILES, "ansible_check_mode": check}
+         for check in (False, True)],
+        DRIVER_BASE,
+    ),
+    Gate(
+        "nvidia_driver", "main.yml", "install-driver.yml", True,
+        [SOURCES, dim("nvidia_driver_ubuntu_repo_url", "", "http://lab-mirror:8080/ubuntu-restricted/"),
+         CHECK, dim("__nvidia_driver_packages_found", IN_PLACE, APT_DIFFERS),
+         dim("cuda_repository_pending", False, True),
+         dim("ansible_facts", DRIVER_BASE["ansible_facts"], OTHER_BRANCH)],
+        [{"nvidia_driver_source": "cuda_repo", "__nvidia_driver_packages_found": IN_PLACE,
+          "cuda_repository_pending": False}],
+        DRIVER_BASE,
+    ),
+    Gate(
+        "nvidia_driver", "prepare-driver.yml", "install-prerequisites.yml", True,
         [SOURCES, dim("nvidia_driver_kernel_module_build_deps", True, False),
          dim("__nvidia_driver_packages_found", IN_PLACE, APT_DIFFERS, NVML_DIFFERS)],
         [{"nvidia_driver_source": "cuda_repo", "__nvidia_driver_packages_found": IN_PLACE}],
         DRIVER_BASE,
     ),
     Gate(
-        "nvidia_driver", "main.yml", "remove-nouveau.yml", True,
+        "nvidia_driver", "prepare-driver.yml", "remove-nouveau.yml", True,
         [dim("nvidia_driver_source", "cuda_repo", "runfile"),
          dim("__nvidia_driver_packages_found", IN_PLACE, APT_DIFFERS), FILES_STATES],
         [{"nvidia_driver_source": "cuda_repo", "__nvidia_driver_packages_found": IN_PLACE,
@@ -337,7 +357,8 @@ GATES = [
         DRIVER_BASE,
     ),
     Gate(
-        "nvidia_driver", "main.yml", "install-driver-packages.yml", "nvidia_driver_source != 'runfile'",
+        "nvidia_driver", "install-driver.yml", "install-driver-packages.yml",
+        "nvidia_driver_source != 'runfile'",
         [SOURCES, dim("nvidia_driver_ubuntu_repo_url", "", "http://lab-mirror:8080/ubuntu-restricted/"),
          CHECK, dim("__nvidia_driver_packages_found", IN_PLACE, APT_DIFFERS),
          dim("cuda_repository_pending", False, True),
@@ -347,13 +368,15 @@ GATES = [
         DRIVER_BASE,
     ),
     Gate(
-        "nvidia_driver", "main.yml", "install-from-runfile.yml", "nvidia_driver_source == 'runfile'",
+        "nvidia_driver", "install-driver.yml", "install-from-runfile.yml",
+        "nvidia_driver_source == 'runfile'",
         [SOURCES, dim("__nvidia_driver_runfile_needed", False, True)],
         [{"nvidia_driver_source": "cuda_repo"}],
         DRIVER_BASE,
     ),
     Gate(
-        "nvidia_driver", "main.yml", "hold-driver-packages.yml", "nvidia_driver_source != 'runfile'",
+        "nvidia_driver", "install-driver.yml", "hold-driver-packages.yml",
+        "nvidia_driver_source != 'runfile'",
         [SOURCES, CHECK, dim("__nvidia_driver_packages_found", IN_PLACE, APT_DIFFERS)],
         [{"nvidia_driver_source": "cuda_repo", "__nvidia_driver_packages_found": IN_PLACE}],
         DRIVER_BASE,
