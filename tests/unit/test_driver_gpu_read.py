@@ -85,12 +85,16 @@ def test_the_read_is_taken_or_made_never_both_nor_neither() -> None:
     assert take["when"] == ["not __nvidia_driver_check_mode_pending", "__nvidia_driver_gpus_read_holds"]
     assert read["when"] == ["not __nvidia_driver_check_mode_pending", "not __nvidia_driver_gpus_read_holds"]
     assert tasks.index(take) < tasks.index(read)
-    # the validation play reads with gpu_facts as read-gpu-facts.yml does into __gpu_tuning_facts
+    # the validation play's read into __gpu_tuning_facts answers what read-gpu-facts.yml's gpu_facts does:
+    # gpu_topology with `facts: true` returns gpu_facts' ansible_facts.nvidia (test_gpu_topology.py holds the
+    # two equal), and `check: false` leaves a layout problem to gpu_tuning instead of failing the read
     own = yaml.safe_load((ROOT / "roles/nvidia_driver/tasks/read-gpu-facts.yml").read_text())
     (own_read,) = [t for t in own if "gpu_facts" in t]
+    assert own_read["gpu_facts"] is None
     tuning = yaml.safe_load((ROOT / "roles/gpu_tuning/tasks/validate.yml").read_text())
     (validation_read,) = [t for t in tuning if t.get("register") == "__gpu_tuning_facts"]
-    assert validation_read["gpu_facts"] == own_read["gpu_facts"]
+    assert validation_read["gpu_topology"]["facts"] is True
+    assert validation_read["gpu_topology"]["check"] is False
     play = yaml.safe_load((ROOT / "playbooks/gpu.yml").read_text())[0]
     names = [t.get("ansible.builtin.include_role", {}).get("name") for t in play["tasks"]]
     assert "gpu_tuning" in names
