@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import real_kube
@@ -244,6 +245,12 @@ def test_the_role_reads_the_bindings_with_the_running_configuration_before_it_us
         assert "ClusterRoleBinding" not in (tasks_dir / between).read_text(), between
 
 
+def passwd_vars(role_vars: dict[str, Any]) -> dict[str, Any]:
+    """The role's vars the accounts are made of besides getent's read (/etc/passwd as first read)."""
+    names = ("__kubeadm_control_plane_passwd", "__kubeadm_control_plane_passwd_files_first")
+    return {name: role_vars[name] for name in names}
+
+
 def test_the_role_decides_who_gets_a_new_kubeconfig_and_says_why(
     cluster: tuple[Path, str], tmp_path_factory: pytest.TempPathFactory
 ) -> None:
@@ -281,6 +288,7 @@ def test_the_role_decides_who_gets_a_new_kubeconfig_and_says_why(
             "vars": {
                 "__kubeadm_control_plane_operator_entries": {"results": entries},
                 "__kubeadm_control_plane_operator_accounts": accounts,
+                **passwd_vars(role_vars),
                 "__kubeadm_control_plane_operator_reads": {"slurp": slurped},
                 "__kubeadm_control_plane_has_cluster": True,
                 "kubeadm_control_plane_operator_cert_renew_days": 30,
@@ -350,6 +358,7 @@ def test_a_fresh_server_gets_each_operators_kube_directory(tmp_path: Path) -> No
                 "__kubeadm_control_plane_operator_accounts": role_vars[
                     "__kubeadm_control_plane_operator_accounts"
                 ],
+                **passwd_vars(role_vars),
                 "__kubeadm_control_plane_operator_reads": {"differ": [str(home / ".kube")]},
             },
             "tasks": [create],
@@ -365,3 +374,58 @@ def test_a_fresh_server_gets_each_operators_kube_directory(tmp_path: Path) -> No
     assert run.returncode == 0, run.stdout[-3000:]
     made = (home / ".kube").stat()
     assert (made.st_mode & 0o777, made.st_uid, made.st_gid) == (0o700, 0, 0)
+
+
+def test_the_operators_homes_are_read_from_passwd_as_getent_answers() -> None:
+    """The role's first read (render-config.yml) takes /etc/passwd and /etc/nsswitch.conf; where the name
+    service reads the file first, the accounts made of it are those getent's read makes, and getent looks up
+    only the operators the file does not hold."""
+    import ansible.modules.getent as real_getent
+    import files_in_place
+    from conftest import run_module
+    from role_render import RoleVars
+
+    names = ["root", "daemon"]
+    failed, read = run_module(files_in_place, {"slurp": ["/etc/passwd", "/etc/nsswitch.conf"]})
+    assert not failed, read["msg"]
+    entries = []
+    for name in names:
+        failed, found = run_module(real_getent, {"database": "passwd", "key": name})
+        assert not failed, found["msg"]
+        entries.append({"item": name, "ansible_facts": found["ansible_facts"]})
+
+    def role(slurp: dict[str, Any], **registered: Any) -> RoleVars:
+        return RoleVars(
+            "kubeadm_control_plane",
+            kubeadm_control_plane_operators=names,
+            __kubeadm_control_plane_files_state={"slurp": slurp},
+            **registered,
+        )
+
+    by_getent = role({}, __kubeadm_control_plane_operator_entries={"results": entries})
+    assert by_getent["__kubeadm_control_plane_operators_unread"] == names
+    accounts = by_getent["__kubeadm_control_plane_operator_accounts"]
+    assert [a["name"] for a in accounts] == names
+    by_file = role(read["slurp"], __kubeadm_control_plane_operator_entries={"results": []})
+    if re.search(r"(?m)^passwd:[ \t]*files\s", Path("/etc/nsswitch.conf").read_text()):
+        assert by_file["__kubeadm_control_plane_operators_unread"] == []
+        assert by_file["__kubeadm_control_plane_operator_accounts"] == accounts
+
+    def b64(text: str) -> dict[str, str]:
+        return {"content": base64.b64encode(text.encode()).decode()}
+
+    passwd = "root:x:0:0:root:/root:/bin/bash\nbad:line\nroot:x:0:0:again:/elsewhere:/bin/sh\n"
+    for nsswitch, read_here in (
+        ("passwd:         files systemd\n", True),
+        ("passwd: files\n", True),
+        ("# passwd: files\npasswd: sss files\n", False),
+        ("passwd: compat\n", False),
+        ("passwd: filesystem\n", False),
+        ("", False),
+    ):
+        got = role({"/etc/passwd": b64(passwd), "/etc/nsswitch.conf": b64(nsswitch)})
+        unread = ["daemon"] if read_here else names
+        assert got["__kubeadm_control_plane_operators_unread"] == unread, nsswitch
+        if read_here:  # the first line of a name, as getent's
+            (root,) = got["__kubeadm_control_plane_operator_accounts"]
+            assert root == {"name": "root", "home": "/root", "group": "0", "path": "/root/.kube"}
