@@ -572,3 +572,61 @@ def test_the_first_backup_is_taken_where_the_read_finds_what_find_found(tmp_path
         failed, old = run_module(real_find, {"paths": [str(backups)], "patterns": ["etcd-snapshot-*.json"]})
         assert not failed, old["msg"]
         assert found["found"]["snapshots"]["matched"] == old["matched"] == files.count("etcd-snapshot-1.json")
+
+
+# ------------------------------------------------------------------------- the receiving account
+PASSWD = "root:x:0:0:root:/root:/bin/bash\n{line}\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n"
+SHADOW = "root:*:19000:0:99999:7:::\n{line}\nnobody:*:19000:0:99999:7:::\n"
+ACCOUNT = "etcdbackup:x:998:998:etcd backup copies (rsync only):/var/lib/etcdbackup:/bin/sh"
+
+
+def account_differs(tmp_path: Path, passwd_line: str, shadow_line: str) -> list[str]:
+    """Which of the role's account files the receiving node's read (its edits) finds other than the user task
+    leaves them, over /etc/passwd and /etc/shadow with the account's line given (or none: "")."""
+    edits = copy_role()["__etcd_backup_copy_account_edits"]
+    files = {"/etc/passwd": PASSWD.format(line=passwd_line), "/etc/shadow": SHADOW.format(line=shadow_line)}
+    local = []
+    for edit in edits:
+        path = tmp_path / Path(edit["path"]).name
+        path.write_text(files[edit["path"]].replace("\n\n", "\n"))
+        local.append(edit | {"path": str(path)})
+    failed, read = run_module(files_in_place, {"edits": local})
+    assert not failed, read["msg"]
+    return sorted(Path(p).name for p in read["differ"])
+
+
+def test_the_account_is_made_again_wherever_the_user_module_would_change_it(tmp_path: Path) -> None:
+    """The module compares the comment, home and shell of the account's passwd entry, and its shadow password
+    stripped of '!' with the task's '!' (ansible.builtin.user); it makes a missing account."""
+    shadow = "etcdbackup:!:19000::::::"
+    assert account_differs(tmp_path, ACCOUNT, shadow) == []
+    for locked in ("etcdbackup:!!:19000::::::", "etcdbackup::19000::::::", "etcdbackup:!:19000:0:99999:7:::"):
+        assert account_differs(tmp_path, ACCOUNT, locked) == [], locked
+    for password in ("etcdbackup:$6$salt$hash:19000::::::", "etcdbackup:!$6$salt$hash:19000::::::", ""):
+        assert account_differs(tmp_path, ACCOUNT, password) == ["shadow"], password
+    for line in (
+        "",
+        ACCOUNT.replace("/bin/sh", "/bin/bash"),
+        ACCOUNT.replace("(rsync only)", "rsync only"),
+        ACCOUNT.replace("/var/lib/etcdbackup", "/home/etcdbackup"),
+        ACCOUNT.replace(":x:", ":$6$salt$hash:"),
+        ACCOUNT + "\n" + ACCOUNT.replace("/bin/sh", "/bin/bash"),
+        ACCOUNT.replace("etcdbackup:", "etcdbackupx:", 1),
+    ):
+        assert account_differs(tmp_path, line, shadow) == ["passwd"], line
+    # read only where the name service reads the files first, and with the account's home there
+    read = {
+        "differ": [],
+        "stat": {"/var/lib/etcdbackup": {"exists": True, "isdir": True}},
+        "slurp": {"/etc/nsswitch.conf": {"content": b64("passwd:  files systemd\nshadow:  files\n")}},
+    }
+    assert copy_role(__etcd_backup_copy_state=read)["__etcd_backup_copy_account_in_place"] is True
+    for other in (
+        {"differ": ["/etc/shadow"]},
+        {"stat": {"/var/lib/etcdbackup": {"exists": False}}},
+        {"slurp": {"/etc/nsswitch.conf": {"content": b64("passwd:  sss files\nshadow:  files\n")}}},
+        {"slurp": {"/etc/nsswitch.conf": {"content": b64("passwd:  files\nshadow:  compat\n")}}},
+        {"slurp": {}},
+    ):
+        role = copy_role(__etcd_backup_copy_state=read | other)
+        assert role["__etcd_backup_copy_account_in_place"] is False, other
