@@ -630,3 +630,33 @@ def test_the_account_is_made_again_wherever_the_user_module_would_change_it(tmp_
     ):
         role = copy_role(__etcd_backup_copy_state=read | other)
         assert role["__etcd_backup_copy_account_in_place"] is False, other
+
+
+STANZA = "Package: {name}\nStatus: {status}\nPriority: optional\nArchitecture: amd64\nVersion: 3.2.7\n"
+
+
+@pytest.mark.parametrize(
+    ("stanzas", "installed"),
+    [
+        ([("rsync", "install ok installed")], True),
+        ([("jq", "install ok installed"), ("rsync", "hold ok installed"), ("zstd", "purge ok")], True),
+        ([("rsync", "deinstall ok installed")], True),
+        ([("rsync", "install ok half-configured")], False),
+        ([("rsync", "install ok unpacked")], False),
+        ([("rsync", "deinstall ok config-files")], False),
+        ([("rsync", "install reinstreq half-installed")], False),
+        ([("rsync-doc", "install ok installed"), ("librsync2", "install ok installed")], False),
+        ([], False),
+    ],
+)
+def test_rsync_is_installed_where_dpkg_says_so(
+    tmp_path: Path, stanzas: list[tuple[str, str]], installed: bool
+) -> None:
+    """The control plane's read of rsync in dpkg's status file: the apt task is skipped only where a stanza of
+    rsync says installed without an error flag (anything else: the apt task runs and decides)."""
+    status = tmp_path / "status"
+    status.write_text("\n".join(STANZA.format(name=n, status=s) for n, s in stanzas))
+    edit = copy_role()["__etcd_backup_rsync_read"]
+    failed, read = run_module(files_in_place, {"edits": [edit | {"path": str(status)}]})
+    assert not failed, read["msg"]
+    assert (read["differ"] == []) is installed
