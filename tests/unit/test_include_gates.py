@@ -319,6 +319,10 @@ def ops_read(
         stat={"/home/ops": {"exists": True, "isdir": True}},
     )
 
+# kubeadm_control_plane
+OPERATOR = {"name": "alice", "home": "/home/alice", "group": "1001", "why": "no kubeconfig"}
+# what kubeadm kubeconfig user registered: one failed, one issued
+ISSUED = [{"item": OPERATOR, "rc": 1, "stdout": ""}, {"item": OPERATOR, "rc": 0, "stdout": ""}]
 
 GATES = [
     Gate(
@@ -456,6 +460,13 @@ GATES = [
     Gate(
         "model_sync", "sync-to-node.yml", "sync.yml", True, MODEL_SYNC_STATES, MODEL_SYNC_CONVERGED,
         MODEL_SYNC_BASE | {"inventory_hostname": "gpu-node-2"},
+    ),
+    Gate(
+        "kubeadm_control_plane", "operator-kubeconfigs.yml", "operator-kubeconfigs-issue.yml", True,
+        [CHECK, dim("__kubeadm_control_plane_operators_to_issue", [], [OPERATOR], [OPERATOR, OPERATOR])],
+        [{"__kubeadm_control_plane_operators_to_issue": []}, {}],
+        {"ansible_check_mode": False},
+        registered={"__kubeadm_control_plane_issued": {"results": ISSUED}},
     ),
     Gate(
         "etcd_backup", "tools.yml", "tools-copy.yml", True,
