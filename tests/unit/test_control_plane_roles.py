@@ -660,3 +660,21 @@ def test_rsync_is_installed_where_dpkg_says_so(
     failed, read = run_module(files_in_place, {"edits": [edit | {"path": str(status)}]})
     assert not failed, read["msg"]
     assert (read["differ"] == []) is installed
+
+
+@pytest.mark.parametrize(
+    ("path", "name"),
+    [
+        ("roles/etcd_backup/tasks/main.yml", "Find which of the backup's files differ"),
+        ("roles/etcd_backup/tasks/copy-to-node.yml", "Find which of the receiving node's files differ"),
+    ],
+)
+def test_the_reads_take_what_the_role_gives_them(path: str, name: str) -> None:
+    """Both reads' reads for the role's logic (stat, slurp, edits, find), as the role templates them, are
+    taken by the module (the files and units are tested on their own)."""
+    role = copy_role(__model_sync_rrsync="/usr/bin/rrsync")
+    task = task_in(path, name)["files_in_place"]
+    args = {key: role.template(task[key]) for key in ("stat", "slurp", "edits", "find") if key in task}
+    assert all(isinstance(args[key], list) for key in args), args
+    failed, read = run_module(files_in_place, args)
+    assert not failed, read["msg"]
