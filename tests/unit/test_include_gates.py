@@ -757,6 +757,34 @@ CONFIG_DIFFERS = [[], ["/etc/apt/preferences.d/containerd.pref"], [CERTS_D], ["/
                   ["/etc/containerd/conf.d"], ["/etc/containerd/config.toml"], ["/etc/crictl.yaml"],
                   ["containerd.service"]]  # fmt: skip
 
+NVIDIA_PIN = "/etc/apt/preferences.d/nvidia-container-toolkit.pref"
+
+# kubernetes_node
+KUBECONFIG = "/etc/kubernetes/kubelet.conf"
+
+
+def kube_read(differ: list[str], member: bool, active: str) -> dict[str, Any]:
+    return {"differ": differ, "stat": {KUBECONFIG: {"exists": member}},
+            "units": {"kubelet.service": {"ActiveState": active}}}  # fmt: skip
+
+
+# {}: entered alone (tasks_from, playbooks/tasks/upgrade-kubernetes-node.yml), without the role's two reads
+KUBE_READS = [{}] + [
+    {"__kubernetes_node_pin_state": kube_read(differ, member, active),
+     "__kubernetes_node_packages_found": found}
+    for differ in ([], ["kubelet.service"], ["/etc/apt/preferences.d/kubernetes.pref"])
+    for member in (False, True)
+    for active in ("active", "activating", "inactive", "failed")
+    for found in (IN_PLACE, APT_DIFFERS)
+]  # fmt: skip
+KUBE_CONVERGED = [
+    {"__kubernetes_node_pin_state": kube_read([], member, active),
+     "__kubernetes_node_repo": {"changed": False}, "__kubernetes_node_packages_found": IN_PLACE,
+     "ansible_check_mode": check}
+    for member, active in ((True, "active"), (True, "activating"), (False, "inactive"), (False, "active"))
+    for check in (False, True)
+]  # fmt: skip
+
 GATES += [
     Gate(
         "containerd", "main.yml", "configure-registry-mirrors.yml", True,
@@ -777,6 +805,25 @@ GATES += [
          for d in ([], ["/etc/apt/preferences.d/containerd.pref"], [CERTS_D]) for pending in (False, True)],
         CONTAINERD_BASE | KUBERNETES_VARS,
         ran={"differ": ["/etc/containerd/config.toml"]},
+    ),
+    Gate(
+        "containerd", "add-nvidia-runtime.yml", "install-nvidia-toolkit.yml", True,
+        [dim("__containerd_packages_found", {"in_place": True}, {"in_place": False}),
+         dim("__containerd_files_state", {"differ": []}, {"differ": [NVIDIA_PIN]},
+             {"differ": ["/etc/apt/preferences.d/containerd.pref"]}),
+         CHECK, dim("__containerd_nvidia_repo", {"changed": False}, {"changed": True})],
+        [{"__containerd_packages_found": {"in_place": True}, "__containerd_files_state": {"differ": d},
+          "ansible_check_mode": check, "__containerd_nvidia_repo": {"changed": False}}
+         for d in ([], ["/etc/apt/preferences.d/containerd.pref"]) for check in (False, True)],
+        CONTAINERD_BASE | KUBERNETES_VARS,
+    ),
+    Gate(
+        "kubernetes_node", "install-kube-packages.yml", "install-and-hold-kube-packages.yml", True,
+        [KUBE_READS, CHECK,
+         dim("__kubernetes_node_repo", {"changed": False}, {"changed": True})],
+        KUBE_CONVERGED,
+        {"ansible_check_mode": False} | KUBERNETES_VARS,
+        ran={"stat": {"exists": False}, "stdout_lines": []},
     ),
 ]  # fmt: skip
 

@@ -51,8 +51,8 @@ def kubernetes_node(**overrides: object) -> RoleVars:
 
 def toolkit_pin() -> tuple[list[str], str]:
     role = containerd()
-    install = task("containerd", "add-nvidia-runtime.yml", "Install the NVIDIA container toolkit")
-    pin = task("containerd", "add-nvidia-runtime.yml", "Pin the NVIDIA container toolkit")
+    install = task("containerd", "install-nvidia-toolkit.yml", "Install the NVIDIA container toolkit")
+    pin = task("containerd", "install-nvidia-toolkit.yml", "Pin the NVIDIA container toolkit")
     return role.template(install["ansible.builtin.apt"]["name"]), role.template(
         pin["ansible.builtin.copy"]["content"]
     )
@@ -60,7 +60,7 @@ def toolkit_pin() -> tuple[list[str], str]:
 
 def kube_pin() -> tuple[list[str], str]:
     role = kubernetes_node()
-    install = task("kubernetes_node", "install-kube-packages.yml", "Install kubeadm")
+    install = task("kubernetes_node", "install-and-hold-kube-packages.yml", "Install kubeadm")
     pin = task("kubernetes_node", "repository.yml", "Pin kubeadm")
     return role.template(install["ansible.builtin.apt"]["name"]), role.template(
         pin["ansible.builtin.copy"]["content"]
@@ -83,10 +83,10 @@ def test_the_toolkit_installs_pins_and_holds_its_four_packages_at_one_version() 
     assert specs == [f"{name}={version}" for name in TOOLKIT]
     assert sorted(re.search(r"^Package: (.*)$", pin, re.MULTILINE)[1].split()) == sorted(TOOLKIT)
     assert f"Pin: version {version}\n" in pin
-    assert sorted(held("containerd", "add-nvidia-runtime.yml", [])) == sorted(TOOLKIT)
+    assert sorted(held("containerd", "install-nvidia-toolkit.yml", [])) == sorted(TOOLKIT)
     # one read of the holds: what is held already costs no dpkg_selections call
-    assert held("containerd", "add-nvidia-runtime.yml", ["containerd.io", *TOOLKIT]) == []
-    assert held("containerd", "add-nvidia-runtime.yml", TOOLKIT[1:]) == TOOLKIT[:1]
+    assert held("containerd", "install-nvidia-toolkit.yml", ["containerd.io", *TOOLKIT]) == []
+    assert held("containerd", "install-nvidia-toolkit.yml", TOOLKIT[1:]) == TOOLKIT[:1]
 
 
 def test_the_kube_packages_are_installed_pinned_and_held_each_at_its_version() -> None:
@@ -111,9 +111,9 @@ def test_the_kube_packages_are_installed_pinned_and_held_each_at_its_version() -
         for name in stanza["Package"].split()
     }
     assert pinned == versions
-    assert sorted(held("kubernetes_node", "install-kube-packages.yml", [])) == sorted(KUBE)
-    assert held("kubernetes_node", "install-kube-packages.yml", [*KUBE, "containerd.io"]) == []
-    assert held("kubernetes_node", "install-kube-packages.yml", [p for p in KUBE if p != "kubelet"]) == [
+    assert sorted(held("kubernetes_node", "install-and-hold-kube-packages.yml", [])) == sorted(KUBE)
+    assert held("kubernetes_node", "install-and-hold-kube-packages.yml", [*KUBE, "containerd.io"]) == []
+    assert held("kubernetes_node", "install-and-hold-kube-packages.yml", [p for p in KUBE if p != "kubelet"]) == [
         "kubelet"
     ]
 
@@ -198,7 +198,7 @@ def test_raising_kubernetes_version_to_the_next_minor_moves_every_pin_into_its_r
     target = SPEC["kubernetes"]["next"]["versions"][0].split("-")[0]
     minor = target.rsplit(".", 1)[0]
     role = kubernetes_node(kubernetes_version=target, kubernetes_minor=minor)
-    install = task("kubernetes_node", "install-kube-packages.yml", "Install kubeadm")
+    install = task("kubernetes_node", "install-and-hold-kube-packages.yml", "Install kubeadm")
     pin = task("kubernetes_node", "repository.yml", "Pin kubeadm")
     specs = role.template(install["ansible.builtin.apt"]["name"])
     result = AptSim(tmp_path / "next", repos["kube-next"], installed=DISTRIBUTION).install(
