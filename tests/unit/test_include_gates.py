@@ -807,6 +807,16 @@ GATES += [
         ran={"differ": ["/etc/containerd/config.toml"]},
     ),
     Gate(
+        "containerd", "install-containerd.yml", "install-containerd-package.yml", True,
+        [[{}, *({"__containerd_files_state": {"differ": d}}  # {}: entered alone, without the role's reads
+                for d in ([], ["/etc/apt/preferences.d/containerd.pref"], [NVIDIA_PIN]))],
+         dim("__containerd_packages_found", {"in_place": True}, {"in_place": False}),
+         dim("__containerd_pending", False, True)],
+        [{"__containerd_packages_found": {"in_place": True}, "__containerd_files_state": {"differ": d},
+          "__containerd_pending": False} for d in ([], [NVIDIA_PIN])],
+        CONTAINERD_BASE | KUBERNETES_VARS,
+    ),
+    Gate(
         "containerd", "add-nvidia-runtime.yml", "install-nvidia-toolkit.yml", True,
         [dim("__containerd_packages_found", {"in_place": True}, {"in_place": False}),
          dim("__containerd_files_state", {"differ": []}, {"differ": [NVIDIA_PIN]},
