@@ -113,9 +113,9 @@ def test_the_kube_packages_are_installed_pinned_and_held_each_at_its_version() -
     assert pinned == versions
     assert sorted(held("kubernetes_node", "install-and-hold-kube-packages.yml", [])) == sorted(KUBE)
     assert held("kubernetes_node", "install-and-hold-kube-packages.yml", [*KUBE, "containerd.io"]) == []
-    assert held("kubernetes_node", "install-and-hold-kube-packages.yml", [p for p in KUBE if p != "kubelet"]) == [
-        "kubelet"
-    ]
+    assert held(
+        "kubernetes_node", "install-and-hold-kube-packages.yml", [p for p in KUBE if p != "kubelet"]
+    ) == ["kubelet"]
 
 
 @pytest.fixture(scope="module")
