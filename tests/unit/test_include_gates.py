@@ -59,9 +59,6 @@ class Gate:
     converged: list[dict[str, Any]]  # a converged node's states: the gate is false there
     base: dict[str, Any] = field(default_factory=dict)
     task: str = ""  # the include's name, where the file is included more than once
-    ran: dict[str, Any] = field(
-        default_factory=dict
-    )  # what a task of the file that ran registers, beyond RAN
     registered: dict[str, Any] = field(default_factory=dict)  # what a task registers when it runs, beyond RAN
 
     @property
@@ -318,6 +315,7 @@ def ops_read(
         slurp={"/etc/passwd": {"content": b64["p"]}, "/home/ops/.ssh/authorized_keys": {"content": b64["k"]}},
         stat={"/home/ops": {"exists": True, "isdir": True}},
     )
+
 
 # kubeadm_control_plane
 OPERATOR = {"name": "alice", "home": "/home/alice", "group": "1001", "why": "no kubeconfig"}
@@ -666,7 +664,7 @@ def which_run(gate: Gate, state: dict[str, Any]) -> list[str]:
             ran.append(task["name"])
         if "register" in task:
             variables = variables | {
-                task["register"]: RAN | gate.ran | gate.registered.get(task["register"], {}) if did else SKIPPED
+                task["register"]: RAN | gate.registered.get(task["register"], {}) if did else SKIPPED
             }
     return ran
 
@@ -793,7 +791,7 @@ GATES += [
           "__containerd_files_state": {"differ": [], "found": {"registry": {"files": registry_node(m)}}}}
          for m in ([], MIRRORS, MIRRORS[:1])],
         CONTAINERD_BASE,
-        ran={"found": {"registry": {"files": []}}},
+        registered={"__containerd_registry_found": {"found": {"registry": {"files": []}}}},
     ),
     Gate(
         "containerd", "main.yml", "configure-containerd.yml", True,
@@ -804,7 +802,7 @@ GATES += [
           "__containerd_pending": pending}
          for d in ([], ["/etc/apt/preferences.d/containerd.pref"], [CERTS_D]) for pending in (False, True)],
         CONTAINERD_BASE | KUBERNETES_VARS,
-        ran={"differ": ["/etc/containerd/config.toml"]},
+        registered={"__containerd_config_reread": {"differ": ["/etc/containerd/config.toml"]}},
     ),
     Gate(
         "containerd", "install-containerd.yml", "install-containerd-package.yml", True,
@@ -833,7 +831,8 @@ GATES += [
          dim("__kubernetes_node_repo", {"changed": False}, {"changed": True})],
         KUBE_CONVERGED,
         {"ansible_check_mode": False} | KUBERNETES_VARS,
-        ran={"stat": {"exists": False}, "stdout_lines": []},
+        registered={"__kubernetes_node_held": {"stdout_lines": []},
+                    "__kubernetes_node_kubelet_conf": {"stat": {"exists": False}}},
     ),
 ]  # fmt: skip
 
