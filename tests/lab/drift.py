@@ -12,8 +12,8 @@ first converge: `--check --diff` must name exactly these eleven, `make lab` must
   write tasks run only for what files_in_place finds different (containerd's configure-containerd.yml);
 - gpu-tuning.service disabled by hand on gpu-node-2 without a daemon-reload (`systemctl --no-reload
   disable`, as removing its link by hand would: systemd's cached UnitFileState still says enabled): a unit
-  whose enabling runs only when files_in_place finds it not enabled (gpu_tuning's install-boot-unit.yml reads
-  it, write-boot-unit.yml enables it);
+  whose enabling runs only when files_in_place finds it not enabled (gpu_tuning's tasks/main.yml reads it,
+  write-boot-unit.yml enables it);
 - chrony stopped by hand on gpu-node-2 (`systemctl stop`): a unit whose start runs only when files_in_place
   finds it not running (common's time_sync.yml);
 - sshd_config's Include line removed by hand on gpu-node-2: an edit whose lineinfile task runs only when
