@@ -81,7 +81,13 @@ def test_the_read_is_taken_or_made_never_both_nor_neither() -> None:
     tasks = yaml.safe_load((ROOT / "roles/nvidia_driver/tasks/fix-version-mismatch.yml").read_text())
     (take,) = [t for t in tasks if "ansible.builtin.set_fact" in t]
     (read,) = [t for t in tasks if t.get("ansible.builtin.include_tasks") == "read-gpu-facts.yml"]
-    assert take["ansible.builtin.set_fact"] == {"__nvidia_driver_probe": "{{ __gpu_tuning_facts }}"}
+    assert take["ansible.builtin.set_fact"] == {
+        "__nvidia_driver_probe": "{{ __gpu_tuning_facts }}",
+        "nvidia_driver_gpus_as_validated": True,
+    }
+    # wherever the role reads the GPUs itself (here, after a reload or a reboot), it tells gpu_tuning so
+    own_read = yaml.safe_load((ROOT / "roles/nvidia_driver/tasks/read-gpu-facts.yml").read_text())
+    assert own_read[-1]["ansible.builtin.set_fact"] == {"nvidia_driver_gpus_as_validated": False}
     assert take["when"] == ["not __nvidia_driver_check_mode_pending", "__nvidia_driver_gpus_read_holds"]
     assert read["when"] == ["not __nvidia_driver_check_mode_pending", "not __nvidia_driver_gpus_read_holds"]
     assert tasks.index(take) < tasks.index(read)

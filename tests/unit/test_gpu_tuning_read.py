@@ -46,10 +46,13 @@ def role_read(**overrides: Any) -> dict[str, Any]:
 
 
 def settings_task_runs(
-    read: dict[str, Any], boot_id: str | None = None, **overrides: Any
+    read: dict[str, Any], boot_id: str | None = None, as_validated: bool | None = True, **overrides: Any
 ) -> tuple[bool, dict[str, Any] | None]:
     """Whether apply-gpu-settings.yml's gpu_settings task runs after that read (on the boot it was made on,
-    unless ``boot_id``), and if it does, gpu_settings' result with the task's own arguments."""
+    unless ``boot_id``; nvidia_driver having taken that read as its own, unless ``as_validated`` is False, or
+    None: nvidia_driver did not run), and if it does, gpu_settings' result with the task's own arguments."""
+    if as_validated is not None:
+        overrides["nvidia_driver_gpus_as_validated"] = as_validated
     boot = BOOT_ID.read_text().strip() if boot_id is None else boot_id
     role = RoleVars(
         "gpu_tuning",
@@ -100,6 +103,16 @@ def test_role_runs_gpu_settings_after_a_reboot_since_the_read(pcie_node: FakeNod
     read = role_read()  # the stage's validation play, before nvidia_driver rebooted the node
     assert settings_task_runs(read, boot_id="another-boot")[0]
     assert settings_task_runs({**read, "boot_id": None})[0]
+
+
+def test_role_runs_gpu_settings_where_nvidia_driver_did_not_take_the_read(pcie_node: FakeNode) -> None:
+    # a module reload of this run (a driver/library mismatch after an install) resets the settings on the same
+    # boot: nvidia_driver read the GPUs again (nvidia_driver_gpus_as_validated false), so they are compared
+    settings_task_runs(role_read())
+    read = role_read()
+    assert settings_task_runs(read) == (False, None)
+    assert settings_task_runs(read, as_validated=False)[0]
+    assert settings_task_runs(read, as_validated=None)[0]
 
 
 def test_role_compares_only_the_managed_gpus(pcie_node: FakeNode) -> None:
@@ -159,8 +172,11 @@ def test_role_checks_the_layout_again_only_where_the_read_found_a_problem(pcie_n
     pairs = {"gpu_tuning_nvlink_pairs": [[0, 1], [2, 3]], "gpu_tuning_gpu_count": 4}
     read = role_read(**pairs)
     assert read["problems"] == []
-    role = RoleVars("gpu_tuning", __gpu_tuning_facts=read, __gpu_tuning_boot_state=boot, **pairs)
+    taken = {"nvidia_driver_gpus_as_validated": True}
+    role = RoleVars("gpu_tuning", __gpu_tuning_facts=read, __gpu_tuning_boot_state=boot, **pairs, **taken)
     assert not role.when(task["when"])
+    role = RoleVars("gpu_tuning", __gpu_tuning_facts=read, __gpu_tuning_boot_state=boot, **pairs)
+    assert role.when(task["when"])  # nvidia_driver read the GPUs again, or did not run: checked again
     pcie_node.ctl("link", "--gpu", "2", "--link", "0", "--down")
     read = role_read(**pairs, gpu_tuning_nvlink_min_links=12)
     assert read["problems"] == ["GPUs 2-3: 11 active NVLink(s), need at least 12"]
