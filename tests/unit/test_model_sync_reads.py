@@ -407,6 +407,9 @@ def test_the_account_is_in_place_only_as_the_user_task_leaves_it(tmp_path: Path)
     assert not account_in_place(tmp_path, PASSWD, SHADOW.replace(":!:", ":$6$salt$hash:"))
     assert not account_in_place(tmp_path, PASSWD, SHADOW.replace(":!:", ":!$6$salt$hash:"))
     assert not account_in_place(tmp_path, PASSWD, SHADOW.replace(":!:", ":*:"))
+    # a password written into /etc/passwd itself: the module reads it as the account's password
+    assert not account_in_place(tmp_path, PASSWD.replace(":x:", ":$6$salt$hash:"), SHADOW)
+    assert account_in_place(tmp_path, PASSWD.replace(":x:", "::"), SHADOW)
 
 
 # ------------------------------------------------ validate.yml's check of each model entry, in one task
