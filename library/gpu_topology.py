@@ -11,7 +11,8 @@ description:
   - Reads the GPUs' NVLinks through NVML (C(pynvml) of C(nvidia-ml-py)) and checks that every pair in
     O(nvlink_pairs) is joined by at least O(min_links_per_pair) active NVLinks, directly (NVLink bridges)
     or through NVSwitches (HGX boards), and that the node has O(gpu_count) GPUs.
-  - Fails listing every missing or inactive pair and a wrong GPU count, so one run names everything to fix.
+  - Fails listing every missing or inactive pair and a wrong GPU count, so one run names everything to fix
+    (with O(check=false) it returns them in RV(problems) instead).
   - Returns the topology matrix in the names of C(nvidia-smi topo -m). Never changes anything.
   - "With O(facts), O(check=false) and O(settings) it is the one NVML read a role needs (role gpu_tuning):
     the node's facts as M(gpu_facts) returns them, the layout's problems for the role to check, and what
