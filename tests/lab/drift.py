@@ -1,6 +1,6 @@
 """Drift made behind Ansible's back on the converged lab, and how a site run must report it (issue 19:
 whatever makes the no-op faster must keep finding it). tests/lab/test_site_on_lab.py makes it after the
-first converge: `--check --diff` must name exactly these eleven, `make lab` must put back exactly these.
+first converge: `--check --diff` must name exactly these twelve, `make lab` must put back exactly these.
 
 - a power cap changed on one GPU of gpu-node-2 (the fake NVML's `power`, as an operator's nvidia-smi -pl);
 - kubelet unheld on gpu-node-2 (`apt-mark unhold`);
@@ -25,21 +25,26 @@ first converge: `--check --diff` must name exactly these eleven, `make lab` must
   applied only where the role's one read finds it not held as rendered (monitoring's apply-workloads.yml);
 - the GPU health agent's copy of the cluster CA on gpu-node-2 edited by hand (a line appended): a copy that
   runs only where files_in_place's stat finds its checksum, mode or owner other than the CA's
-  (gpu_health_agent's configure-service.yml; its handler restarts the agent).
+  (gpu_health_agent's configure-service.yml; its handler restarts the agent);
+- a key the inventory does not list appended to the operator's authorized_keys on gpu-node-2: keys whose
+  authorized_key task (exclusive) runs only where the role's read of that file finds them not exactly the
+  inventory's (common's ops_users.yml).
 
 Each expected value comes from its one home: the role's defaults and the lab inventory.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import shlex
+import struct
 import subprocess
 import sys
 
 import yaml
-from labrun import ADMIN_KUBECTL, NODES, ROOT, Run, on_node
+from labrun import ADMIN_KUBECTL, NODES, OPERATOR, ROOT, Run, on_node
 from unit.role_render import RoleVars
 
 NODE = "gpu-node-2"
@@ -89,6 +94,11 @@ MONITORING_NAMESPACE = _role("monitoring")["monitoring_namespace"]
 POLICY = "prometheus"  # roles/monitoring/templates/network-policy.yml.j2
 AGENT_CA = str(_role("gpu_health_agent")["__gpu_health_agent_ca"])
 CA_MARK = "# edited by hand by tests/lab/test_site_on_lab.py"
+# the operator's keys (common's read takes <home base>/<name>/.ssh/authorized_keys); the slipped-in key: an
+# ed25519 public key in OpenSSH's form (its blob: the type, then 32 bytes), no one's
+OPS_KEYS = f"{_role('common')['__common_ops_home_base']}/{OPERATOR}/.ssh/authorized_keys"
+_BLOB = struct.pack(">I", 11) + b"ssh-ed25519" + struct.pack(">I", 32) + bytes(range(32))
+SLIPPED_KEY = f"ssh-ed25519 {base64.b64encode(_BLOB).decode()} slipped-in-by-tests-lab"
 
 # (task name start, host its result is reported on): what the first run must change, and nothing else
 EXPECTED_TASKS = {
@@ -105,6 +115,7 @@ EXPECTED_TASKS = {
     "policy": "Apply the monitoring namespace's network policy",
     "ca": "Copy the cluster CA where the agent's user can read it",
     "restart": "Restart the GPU health agent",
+    "keys": "Set the operators' authorized keys (exactly these)",
 }
 # the serving play applies the gateway's objects once, reported on the control plane; the model tools live on
 # the source node
@@ -199,6 +210,11 @@ def ca_edited() -> bool:
     return CA_MARK in run_on(NODE, f"cat {AGENT_CA}")
 
 
+def key_slipped_in() -> bool:
+    """Whether the slipped-in key is in the operator's authorized_keys on NODE."""
+    return SLIPPED_KEY in run_on(NODE, f"cat {OPS_KEYS}").splitlines()
+
+
 def _label(item: object) -> str:
     """A loop item as the tasks label it: a package, key=value, Kind/name."""
     if isinstance(item, dict) and "key" in item:
@@ -239,7 +255,7 @@ def reads_not_in_place(run: Run) -> list[tuple[str, str, list[str]]]:
 
 
 def inject() -> dict[str, str]:
-    """Make the eleven drifts on the converged lab; the gateway's configuration and the policy's port as they
+    """Make the twelve drifts on the converged lab; the gateway's configuration and the policy's port as they
     were (``config``, ``port``)."""
     limits = power_limits_w()
     assert limits and set(limits) == {POWER_W}, f"not converged ({limits})"
@@ -251,6 +267,7 @@ def inject() -> dict[str, str]:
         f"not converged ({TOOLS_VENV}: {tools_version()})"
     )
     assert not ca_edited(), f"not converged ({AGENT_CA} edited)"
+    assert not key_slipped_in(), f"not converged ({OPS_KEYS} holds the slipped-in key)"
     config = gateway_config()
     port = policy_port()
     run_on(NODE, f"fake-nvml power --gpu {GPU} --limit-w {DRIFT_POWER_W}")
@@ -263,6 +280,7 @@ def inject() -> dict[str, str]:
     set_gateway_config(config + "\n# edited in the cluster by tests/lab/test_site_on_lab.py\n")
     set_policy_port(port + 1)
     run_on(NODE, f"echo {shlex.quote(CA_MARK)} >> {AGENT_CA}")
+    run_on(NODE, f"echo {shlex.quote(SLIPPED_KEY)} >> {OPS_KEYS}")
     assert power_limits_w()[GPU] == DRIFT_POWER_W
     assert PACKAGE not in held()
     assert sysctl_value() == "0"
@@ -273,6 +291,7 @@ def inject() -> dict[str, str]:
     assert gateway_config() != config
     assert policy_port() == port + 1
     assert ca_edited()
+    assert key_slipped_in()
     return {"config": config, "port": str(port)}
 
 
@@ -301,6 +320,8 @@ def put_back(made: dict[str, str]) -> None:
         set_policy_port(int(made["port"]))
     if ca_edited():
         run_on(NODE, without_line(CA_MARK, AGENT_CA))
+    if key_slipped_in():
+        run_on(NODE, without_line(SLIPPED_KEY, OPS_KEYS))
 
 
 def unexpected_changes(run: Run) -> tuple[list[tuple[str, str]], list[tuple[str, str, str]]]:

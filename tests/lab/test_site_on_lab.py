@@ -1,5 +1,5 @@
 """The main job on the lab: repair a half-built lab, converge playbooks/site.yml over SSH, then prove it
-idempotent and still finding drift (issue 19): eleven things drift behind Ansible's back (tests/lab/drift.py),
+idempotent and still finding drift (issue 19): twelve things drift behind Ansible's back (tests/lab/drift.py),
 `--check --diff` reports exactly those, and the second run, `make lab` as the README has engineers run it,
 puts back exactly those and changes nothing else.
 
@@ -92,7 +92,7 @@ def test_site_converges_then_check_reports_exactly_the_drift(drifted):
     first = site()
     assert all(r["failed"] == 0 and r["unreachable"] == 0 for r in first.recap.values()), first.recap
 
-    # the second real run is `make lab` below; before it, eleven things drift (tests/lab/drift.py)
+    # the second real run is `make lab` below; before it, twelve things drift (tests/lab/drift.py)
     drifted.update(drift.inject())
     checked = site("--check", "--diff", json_callback=True)
     missing, other = drift.unexpected_changes(checked)
@@ -121,6 +121,7 @@ def test_site_converges_then_check_reports_exactly_the_drift(drifted):
     assert drift.tools_version() == ""
     assert drift.policy_port() == int(drifted["port"]) + 1
     assert drift.ca_edited()
+    assert drift.key_slipped_in()
 
 
 @pytest.mark.parametrize("node", NODES)
@@ -168,7 +169,7 @@ def test_apt_policy_shows_the_stand_in_packages_from_the_lab_mirror():
 
 def test_make_lab_puts_back_exactly_the_drift_and_reports_every_node(drifted):
     """The README's main command, as an engineer runs it: lab-up, site.yml, then the report. After the
-    converging run above it is the second run: it puts back the eleven drifts (each task changed on its host)
+    converging run above it is the second run: it puts back the twelve drifts (each task changed on its host)
     and changes nothing else, gpu-node-3, which did not drift, changed=0."""
     if "config" not in drifted:
         pytest.fail("no drift was made: the converge above failed")
@@ -192,6 +193,7 @@ def test_make_lab_puts_back_exactly_the_drift_and_reports_every_node(drifted):
     assert drift.gateway_config() == drifted["config"]
     assert drift.policy_port() == int(drifted["port"])
     assert not drift.ca_edited()
+    assert not drift.key_slipped_in()
     # one line per node; the YAML callback may wrap it once
     line = (
         r"msg: driver 535\.183\.06 \(CUDA 12\.2\), 4 x NVIDIA A100-PCIE-40GB,[^\n]*"  # first line
