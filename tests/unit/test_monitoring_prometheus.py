@@ -171,7 +171,7 @@ def test_instance_down_goes_pending_when_the_simulator_stops_and_clears_when_bac
 
     def scraped() -> bool:
         """the simulator is scraped"""
-        return bool(api(base, "query", query='up{job="vllm"} == 1')["result"])
+        return bool((api(base, "query", query='up{job="vllm"} == 1') or {"result": []})["result"])
 
     def quiet() -> bool:
         """no vLLM alert (VllmNoInstance is pending until the first scrape has been evaluated)"""
@@ -203,7 +203,7 @@ def test_agent_down_goes_pending_when_its_server_stops_and_clears_when_back(
 
     def scraped() -> bool:
         """the agent is scraped"""
-        return bool(api(base, "query", query='up{job="gpu-health-agent"} == 1')["result"])
+        return bool((api(base, "query", query='up{job="gpu-health-agent"} == 1') or {"result": []})["result"])
 
     def quiet() -> bool:
         """no agent alert (GpuHealthAgentMissing is pending until the first scrape has been evaluated)"""
