@@ -58,15 +58,28 @@ class BuildError(RuntimeError):
     pass
 
 
+def load_yaml(path: Path) -> object:
+    """A YAML file's content, parsed once per process while the file is unchanged: `labctl up` asks the same
+    defaults and packages.yml ~40 times (every pin, every image). Keyed by the file's size, mtime and inode,
+    so a file edited while a process runs is read again; with libyaml's loader where PyYAML has it."""
+    stat = path.stat()
+    return _load_yaml(path, stat.st_size, stat.st_mtime_ns, stat.st_ino)
+
+
+@functools.lru_cache(maxsize=64)
+def _load_yaml(path: Path, _size: int, _mtime_ns: int, _inode: int) -> object:
+    return yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
 def role_default(role: str, variable: str) -> str:
-    defaults = yaml.safe_load((REPO / "roles" / role / "defaults" / "main.yml").read_text())
+    defaults = load_yaml(REPO / "roles" / role / "defaults" / "main.yml")
     return str(defaults[variable])
 
 
 def mirror_version(key: str, release: str = "") -> str:
     """An upstream version from tests/lab/mirror/packages.yml's kubernetes versions (1.7.1-1.1 -> 1.7.1); of
     its `next` minor (the lab's upgrade target) where release is "next"."""
-    packages = yaml.safe_load((REPO / "tests" / "lab" / "mirror" / "packages.yml").read_text())
+    packages = load_yaml(REPO / "tests" / "lab" / "mirror" / "packages.yml")
     value = (packages["kubernetes"][release] if release else packages["kubernetes"])[key]
     # a list: the first is what the site pins, the others newer builds that must not be picked up
     return str(value[0] if isinstance(value, list) else value).split("-")[0]
@@ -77,7 +90,18 @@ def image_tag(role: str, variable: str) -> str:
 
 
 def module_dir(module: str, version: str) -> Path:
-    """The module's extracted source in the module cache (downloaded first if needed)."""
+    """The module's extracted source in the module cache (downloaded first if needed). Asked once per process
+    for each module and version (the pins ask kubeadm's constants ~20 times): a version's source in Go's
+    module cache never changes (go makes it read-only); asked again if the cache was emptied meanwhile."""
+    found = _module_dir(module, version)
+    if not found.is_dir():
+        _module_dir.cache_clear()
+        found = _module_dir(module, version)
+    return found
+
+
+@functools.cache
+def _module_dir(module: str, version: str) -> Path:
     found = subprocess.run(
         ["go", "mod", "download", "-json", f"{module}@{version}"], capture_output=True, text=True, check=False
     )
@@ -106,7 +130,7 @@ def kubeadm_constant(name: str, version: str = "") -> str:
 
 def containerd_io_newer_version() -> str:
     """The newer containerd.io the mirror carries beside the pinned one: 2.3.7-1~ubuntu.22.04~jammy, 2.3.7."""
-    packages = yaml.safe_load((REPO / "tests" / "lab" / "mirror" / "packages.yml").read_text())
+    packages = load_yaml(REPO / "tests" / "lab" / "mirror" / "packages.yml")
     return "v" + str(packages["containerd_io"]["newer"]).split("-")[0]
 
 
