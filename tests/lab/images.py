@@ -17,6 +17,7 @@ the digests the registry gave are written to .lab/images.json for the lab invent
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.util
@@ -27,6 +28,7 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -301,12 +303,90 @@ def podman(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return result
 
 
-def file_hash(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as stream:
         for chunk in iter(lambda: stream.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+# The sha256 of each image input file (the Go binaries: ~1 s of hashing on every `labctl up`), kept between
+# runs: resolved path -> {"stat": [size, mtime_ns, ctime_ns, inode], "sha256": ...}.
+FILE_HASHES = STATE / "file-hashes.json"
+# A digest is reused only while the file's size, mtime (ns), ctime (ns) and inode are those it was hashed
+# with: what make, ninja and git's index trust to say a file is unchanged (a rebuilt binary is renamed into
+# place, a new inode; an edit moves mtime and ctime, and ctime cannot be set back). A file changed within the
+# same clock tick as its hashing could keep its mtime (git's "racily clean" case): a file modified less than
+# RACY_S before it was hashed is not kept, so it is hashed again next time.
+RACY_S = 2.0
+
+
+def stat_key(stat: os.stat_result) -> list[int]:
+    return [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino]
+
+
+class FileHashes:
+    """The digest cache: loaded from CACHE once, written back (whole, by rename) when it learnt something. A
+    missing, unreadable or malformed cache is an empty one: every file is hashed again."""
+
+    def __init__(self, cache: Path) -> None:
+        self.cache = cache
+        self.entries: dict[str, dict] = {}
+        self.changed = False
+        try:
+            loaded = json.loads(cache.read_text())
+        except (OSError, ValueError):
+            loaded = {}
+        if isinstance(loaded, dict):
+            self.entries = {
+                path: entry
+                for path, entry in loaded.items()
+                if isinstance(entry, dict)
+                and isinstance(entry.get("sha256"), str)
+                and isinstance(entry.get("stat"), list)
+            }
+
+    def digest(self, path: Path) -> str:
+        resolved = path.resolve()
+        stat = resolved.stat()
+        key, entry = str(resolved), self.entries.get(str(resolved))
+        if entry is not None and entry["stat"] == stat_key(stat):
+            return entry["sha256"]
+        hashed = sha256_file(resolved)
+        after = resolved.stat()
+        if stat_key(after) == stat_key(stat) and time.time() - after.st_mtime_ns / 1e9 > RACY_S:
+            self.entries[key] = {"stat": stat_key(after), "sha256": hashed}
+        else:  # changing while read, or too new to trust its mtime: not kept
+            self.entries.pop(key, None)
+        self.changed = True
+        return hashed
+
+    def save(self) -> None:
+        """Write the cache back, without the entries of files gone or changed since (old builds)."""
+        if not self.changed:
+            return
+        kept = {}
+        for path, entry in self.entries.items():
+            with contextlib.suppress(OSError):
+                if stat_key(Path(path).stat()) == entry["stat"]:
+                    kept[path] = entry
+        with contextlib.suppress(OSError):
+            self.cache.parent.mkdir(parents=True, exist_ok=True)
+            partial = self.cache.with_name(f"{self.cache.name}.{os.getpid()}.partial")
+            partial.write_text(json.dumps(kept, indent=1, sort_keys=True) + "\n")
+            partial.replace(self.cache)
+        self.changed = False
+
+
+@functools.cache
+def file_hashes() -> FileHashes:
+    return FileHashes(FILE_HASHES)
+
+
+def file_hash(path: Path) -> str:
+    """The file's sha256, from the digest cache while the file is unchanged (FILE_HASHES)."""
+    return file_hashes().digest(path)
 
 
 @functools.cache
@@ -327,6 +407,7 @@ def inputs_hash(image: Image, files: dict[str, Path]) -> str:
     h = hashlib.sha256(containerfile(image, {t: Path(t).name for t in files}).encode())
     for target, source in sorted(files.items()):
         h.update(f"{target}\0{file_hash(source)}\0".encode())
+    file_hashes().save()
     if image.base != "scratch":
         base = local_image(image.base, "Digest")
         if base is None:  # not listed: inspect names the missing image in its error
