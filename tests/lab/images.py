@@ -17,6 +17,7 @@ the digests the registry gave are written to .lab/images.json for the lab invent
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import functools
 import hashlib
@@ -435,7 +436,9 @@ def ensure_built(image: Image) -> str:
     return wanted
 
 
+@functools.cache
 def registry_context() -> ssl.SSLContext:
+    """The registry's TLS context, made once (its CA file read once) and shared by every request."""
     return ssl.create_default_context(cafile=str(REGISTRY_DIR / "ca.crt"))
 
 
@@ -461,12 +464,20 @@ def registry_digest(image: Image) -> str | None:
 
 
 def ensure_pushed(
-    image: Image, inputs: str, recorded: dict[str, dict[str, str]], local: str | None = None
+    image: Image,
+    inputs: str,
+    recorded: dict[str, dict[str, str]],
+    local: str | None = None,
+    served_now: dict[str, str | None] | None = None,
 ) -> str:
     """Push (the local image LOCAL, default the image's own name) unless the registry already serves what
-    these inputs built; returns the registry's digest."""
+    these inputs built; returns the registry's digest. SERVED_NOW: the registry's digests asked just before
+    (ref -> digest or None), each used once; the registry is asked for any other."""
     known = recorded.get(image.ref, {})
-    served = registry_digest(image)
+    if served_now is not None and image.ref in served_now:
+        served = served_now.pop(image.ref)
+    else:
+        served = registry_digest(image)
     if served and known.get("inputs") == inputs and known.get("digest") == served:
         return served
     certs = REGISTRY_DIR / "client"
@@ -487,7 +498,8 @@ def ensure_all(site_images: dict[str, tuple[str, str]] | None = None) -> dict[st
     the gateway; the site value pinning its digest)); write .lab/images.json, .lab/image-digests.json and
     .lab/site-digests.json; return ref -> digest."""
     recorded = json.loads(DIGESTS.read_text()) if DIGESTS.is_file() else {}
-    local_images.cache_clear()  # images built before this call (the gateway's) are listed
+    # local_images is the listing labctl.py read first (its node, gateway and simulator images): each build
+    # clears it (ensure_built here, labctl's builds), so images built before this call are in it
     work: list[tuple[Image, str, str | None]] = [(image, ensure_built(image), None) for image in images()]
     for ref, (local, site_digest) in (site_images or {}).items():
         local_id = local_image(local, "Id")
@@ -495,8 +507,13 @@ def ensure_all(site_images: dict[str, tuple[str, str]] | None = None) -> dict[st
             raise ImageError(f"{ref}: podman has no local image {local} to push")
         image = Image(ref, dict, what=f"{local} (built here)", site_digest=site_digest)
         work.append((image, local_id, local))
+    # what the registry serves for every image, asked side by side (one HEAD each, ~20 of them)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+        asked = [image for image, _, _ in work]
+        served = dict(zip([image.ref for image in asked], pool.map(registry_digest, asked), strict=True))
     for image, inputs, local in work:
-        digest = ensure_pushed(image, inputs, recorded, local)
+        # each answer is used once (popped): a second image of the same name asks the registry again
+        digest = ensure_pushed(image, inputs, recorded, local, served)
         recorded[image.ref] = {"inputs": inputs, "digest": digest}
         DIGESTS.write_text(json.dumps(recorded, indent=2, sort_keys=True) + "\n")
     digests = {ref: entry["digest"] for ref, entry in recorded.items()}

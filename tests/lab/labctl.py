@@ -125,8 +125,9 @@ def digest(paths: list[Path], extra: str = "") -> str:
 NODE_PYTHON = "3.10"
 
 
-def find_python310() -> Path | None:
-    """The prefix of a CPython 3.10 on this machine (pyenv's, or LAB_PYTHON310), or None."""
+def find_python310() -> tuple[Path, str] | None:
+    """(prefix, version) of a CPython 3.10 on this machine (pyenv's, or LAB_PYTHON310), or None: one probe
+    each candidate, which also gives its version."""
     candidates: list[Path] = []
     if os.environ.get("LAB_PYTHON310"):
         candidates.append(Path(os.environ["LAB_PYTHON310"]))
@@ -138,12 +139,14 @@ def find_python310() -> Path | None:
             continue
         probe = subprocess.run(
             [str(python), "-c",
-             "import sys, ensurepip, venv; print(sys.version_info[:2] == (3, 10), sys.prefix)"],
+             "import platform, sys, ensurepip, venv; "
+             "print(sys.version_info[:2] == (3, 10), platform.python_version(), sys.prefix)"],
             capture_output=True, text=True, check=False,
         )  # fmt: skip
-        fields = probe.stdout.split()
-        if probe.returncode == 0 and fields[:1] == ["True"] and Path(fields[1]) == prefix.resolve():
-            return prefix.resolve()
+        fields = probe.stdout.strip().split(" ", 2)
+        usable = probe.returncode == 0 and len(fields) == 3 and fields[0] == "True"
+        if usable and Path(fields[2]) == prefix.resolve():
+            return prefix.resolve(), fields[1]
     return None
 
 
@@ -151,14 +154,9 @@ def find_python310() -> Path | None:
 def node_python() -> tuple[Path | None, str]:
     """(prefix, version) of the nodes' python3: a 3.10 found here, else the image's own (Debian's 3.11).
     CI (CI=true) refuses the fallback: node-side code must be proven on 3.10."""
-    prefix = find_python310()
-    if prefix is not None:
-        python = prefix / "bin" / f"python{NODE_PYTHON}"
-        version = subprocess.run(
-            [str(python), "-c", "import platform; print(platform.python_version())"],
-            capture_output=True, text=True, check=True,
-        ).stdout.strip()  # fmt: skip
-        return prefix, version
+    found = find_python310()
+    if found is not None:
+        return found
     message = (
         f"no CPython {NODE_PYTHON} on this machine (looked at $LAB_PYTHON310 and "
         f"~/.pyenv/versions/{NODE_PYTHON}.*): the lab nodes fall back to Debian's Python 3.11, so node-side "
@@ -182,9 +180,21 @@ def image_inputs_hash() -> str:
     )
 
 
-def image_label(name: str) -> str | None:
-    result = podman("image", "inspect", "--format", '{{ index .Labels "llm-lab.inputs" }}', name, check=False)
-    return result.stdout.strip() if result.returncode == 0 else None
+def image_label(name: str, label: str = "llm-lab.inputs") -> str | None:
+    """A label of a local image ("" when it has none), or None when podman has no such image: from the one
+    `podman images` listing of every local image (images.local_images), which each build here clears."""
+    labels = images.local_image(name, "Labels")
+    if labels is None and images.local_image(name, "Id") is None:
+        return None
+    return (labels or {}).get(label, "")
+
+
+def image_digest(name: str) -> str:
+    """A local image's digest (the listing's, as `podman image inspect --format {{.Digest}}` gives it)."""
+    found = images.local_image(name, "Digest")
+    if not found:
+        raise LabError(f"podman has no image {name} (podman images)")
+    return found
 
 
 def ensure_image(rebuild: bool = False) -> None:
@@ -205,6 +215,7 @@ def ensure_image(rebuild: bool = False) -> None:
         check=True,
         env=env,
     )
+    images.local_images.cache_clear()  # the listing is read again: the new image and its label
     # the build it replaced is left untagged: drop it (containers still using it keep it)
     podman("image", "prune", "-f", "--filter", "label=llm-lab.inputs", check=False)
 
@@ -229,13 +240,12 @@ def ensure_wheel_image(local: str, containerfile: Path, projects: list[Path], la
     """An image built with podman from CONTAINERFILE on the lab's plain Debian 12 image (pinned by digest),
     installing wheels of PROJECTS built here (no package index in the build); rebuilt when their sources or
     the base change."""
-    base = podman("image", "inspect", "--format", "{{.Digest}}", BASE_IMAGE).stdout.strip()
+    base = image_digest(BASE_IMAGE)
     inputs = [containerfile]
     for project in projects:
         inputs += [project / "pyproject.toml", *sorted((project / "src").rglob("*.py"))]
     wanted = digest(inputs, extra=base)
-    current = podman("image", "inspect", "--format", f'{{{{ index .Labels "{label}" }}}}', local, check=False)
-    if current.returncode == 0 and current.stdout.strip() == wanted:
+    if image_label(local, label) == wanted:
         return
     log(f"building image {local}: {what} ({shown(containerfile)}, base {BASE_IMAGE}@{base[:19]})")
     wheels = STATE / "wheels" / local.rsplit("/", 1)[-1].split(":")[0]
@@ -255,6 +265,7 @@ def ensure_wheel_image(local: str, containerfile: Path, projects: list[Path], la
         "--build-arg", f"BASE_IMAGE={BASE_IMAGE.rsplit(':', 1)[0]}@{base}",
         "-t", local, str(wheels),
     )  # fmt: skip
+    images.local_images.cache_clear()
 
 
 def ensure_gateway_image() -> None:
@@ -263,9 +274,9 @@ def ensure_gateway_image() -> None:
     ensure_wheel_image(
         GATEWAY_IMAGE, serve / "Containerfile", [serve], "llm-lab.gateway-inputs", "the gateway"
     )
-    image_digest = podman("image", "inspect", "--format", "{{.Digest}}", GATEWAY_IMAGE).stdout.strip()
-    GATEWAY_DIGEST_FILE.write_text(image_digest + "\n")
-    log(f"image {GATEWAY_IMAGE}@{image_digest} ({shown(GATEWAY_DIGEST_FILE)})")
+    gateway_digest = image_digest(GATEWAY_IMAGE)
+    GATEWAY_DIGEST_FILE.write_text(gateway_digest + "\n")
+    log(f"image {GATEWAY_IMAGE}@{gateway_digest} ({shown(GATEWAY_DIGEST_FILE)})")
 
 
 def ensure_vllm_sim_image() -> None:
@@ -289,10 +300,12 @@ def ensure_ssh_key() -> None:
 
 
 def ensure_network() -> None:
-    if podman("network", "exists", NETWORK, check=False).returncode == 0:
-        subnets = podman(
-            "network", "inspect", NETWORK, "--format", "{{range .Subnets}}{{.Subnet}} {{end}}"
-        ).stdout
+    # one inspect: it fails where the network does not exist (what `podman network exists` asked first)
+    found = podman(
+        "network", "inspect", NETWORK, "--format", "{{range .Subnets}}{{.Subnet}} {{end}}", check=False
+    )
+    if found.returncode == 0:
+        subnets = found.stdout
         if SUBNET in subnets.split():
             return
         log(f"network {NETWORK} has the wrong subnet ({subnets.strip()}); recreating it")
@@ -343,11 +356,12 @@ def aardvark_alive() -> bool:
         return False
 
 
-def ensure_network_dns(timeout_s: float = 20) -> None:
+def ensure_network_dns(resolved: dict[str, bool] | None = None, timeout_s: float = 20) -> None:
     """Every node resolves the mirror. aardvark-dns dies with the session that started it, and its pid file
     stays: netavark then signals that pid (dead, or another process's by now) instead of starting a new one
     when the containers start again, and the nodes' apt, pulls and joins fail on names. Started again here
-    (the stale pid file removed, `podman network reload`), then checked from every node."""
+    (the stale pid file removed, `podman network reload`), then checked from every node. RESOLVED: node ->
+    whether it resolved the mirror just now (bring_up_node asks in the exec it makes anyway)."""
 
     def unresolved() -> list[str]:
         return [
@@ -356,7 +370,11 @@ def ensure_network_dns(timeout_s: float = 20) -> None:
             if podman("exec", node.name, "getent", "hosts", MIRROR_NAME, check=False).returncode != 0
         ]
 
-    if not (missing := unresolved()):
+    if resolved is not None and set(resolved) == {node.name for node in NODES}:
+        missing = [name for name, found in resolved.items() if not found]
+    else:
+        missing = unresolved()
+    if not missing:
         return
     log(
         f"{', '.join(missing)}: {MIRROR_NAME} does not resolve (aardvark-dns, the lab network's DNS, is "
@@ -449,7 +467,28 @@ def ensure_mirror_content() -> None:
     stamp.write_text(wanted)
 
 
+# container_state's answers for containers read together (prefetch_container_states), each used once
+PREFETCHED_STATES: dict[str, dict] = {}
+
+
+def prefetch_container_states(names: list[str]) -> None:
+    """One `podman container inspect` of NAMES instead of one each (~0.1 s a podman call): container_state
+    answers each name from it once. Where one is missing (the inspect fails), nothing is kept and each is
+    inspected alone, as before."""
+    result = podman("container", "inspect", *names, check=False)
+    if result.returncode != 0:
+        return
+    try:
+        found = {record["Name"].lstrip("/"): record for record in json.loads(result.stdout)}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return
+    if set(found) == set(names):
+        PREFETCHED_STATES.update(found)
+
+
 def container_state(name: str) -> dict | None:
+    if (prefetched := PREFETCHED_STATES.pop(name, None)) is not None:
+        return prefetched
     result = podman("container", "inspect", name, check=False)
     if result.returncode != 0:
         return None
@@ -499,6 +538,7 @@ def node_volume(name: str) -> str:
 def force_remove(name: str) -> None:
     """rm -f, tolerating podman noticing the dead container half-way ("container not running"); a node's
     disk (its containerd volume) goes with it, as a replaced server comes with empty disks."""
+    PREFETCHED_STATES.pop(name, None)
     for _ in range(3):
         podman("rm", "-f", "-t", "2", name, check=False)
         if container_state(name) is None:
@@ -620,6 +660,8 @@ def ensure_mirror() -> None:
     ensure_mirror_content()
     ensure_registry_pki()
     registry = go_build("registry")
+    # the mirror's and the nodes' states in one call (ensure_node reads theirs next)
+    prefetch_container_states([MIRROR_NAME, *(node.name for node in NODES)])
     ensure_container(
         MIRROR_NAME,
         "mirror",
@@ -752,32 +794,50 @@ def node_files_archive() -> bytes:
     return stream.getvalue()
 
 
-def install_node_files(node: Node) -> None:
-    """Copy NODE_FILES to the node in one exec; create the GPU state once."""
+def install_node_files(node: Node) -> dict[str, str] | None:
+    """In one exec: the node's boot state (systemctl is-system-running); once booted, NODE_FILES copied and
+    the boot unit enabled, whether its GPU state exists, whether it resolves the mirror (ensure_network_dns's
+    check). None while the node has not booted (or cannot be reached): nothing was installed."""
     env = dict(os.environ)
     env.setdefault("CONTAINERS_CONF", str(LAB_SRC / "containers.conf"))
     script = (
-        f"tar -x -C / --no-same-owner && systemctl enable --quiet {BOOT_UNIT} && "
-        "if test -f /var/lib/fake-nvml/state.json; then echo state; else echo no-state; fi"
+        'state=$(systemctl is-system-running 2>/dev/null || true); echo "systemd $state"; '
+        'case "$state" in running|degraded) ;; *) exit 0 ;; esac; '
+        f"tar -x -C / --no-same-owner && systemctl enable --quiet {BOOT_UNIT} || exit 1; "
+        "if test -f /var/lib/fake-nvml/state.json; then echo gpu-state yes; else echo gpu-state no; fi; "
+        f"if getent hosts {MIRROR_NAME} >/dev/null; then echo dns yes; else echo dns no; fi"
     )
     result = subprocess.run(
         ["podman", "exec", "-i", node.name, "sh", "-c", script],
         input=node_files_archive(), env=env, capture_output=True, check=False,
     )  # fmt: skip
-    if result.returncode != 0:
+    found = {}
+    for line in result.stdout.decode().splitlines():
+        key, _, value = line.partition(" ")
+        found[key] = value
+    if found.get("systemd") not in ("running", "degraded"):
+        return None
+    if result.returncode != 0 or "dns" not in found:
         raise LabError(
             f"{node.name}: installing the lab's node files failed: {result.stderr.decode().strip()}"
         )
-    if result.stdout.decode().strip() != "state":
+    return found
+
+
+def bring_up_node(node: Node) -> bool:
+    """A started node container made ready: booted, the lab's files installed, its GPU state created once,
+    reached over SSH. True when it resolves the mirror (ensure_network_dns)."""
+    found = install_node_files(node)
+    if found is None:  # still booting
+        wait_for_systemd(node)
+        found = install_node_files(node)
+        if found is None:
+            raise LabError(f"{node.name}: systemd stopped running while the lab's files were installed")
+    if found["gpu-state"] != "yes":
         podman("exec", node.name, "fake-nvml", "init", "--shape", GPU_SHAPE, "--host", node.name)
         log(f"{node.name}: simulated GPUs initialised ({GPU_SHAPE})")
-
-
-def bring_up_node(node: Node) -> None:
-    """A started node container made ready: booted, the lab's files installed, reached over SSH."""
-    wait_for_systemd(node)
-    install_node_files(node)
     wait_for_ssh(node)
+    return found["dns"] == "yes"
 
 
 def carry_in_models() -> None:
@@ -791,13 +851,19 @@ def carry_in_models() -> None:
     import modelgen
 
     database = lab_vars["model_sync_clamav_database"]
-    if podman("exec", source, "test", "-d", database, check=False).returncode != 0:
+    models = lab_vars.get("model_sync_models") or []
+    # which of the directories are there, in one exec
+    listed = podman(
+        "exec", source, "sh", "-c", 'for d; do if test -d "$d"; then echo "$d"; fi; done', "sh",
+        database, *(model["source"] for model in models),
+    ).stdout.splitlines()  # fmt: skip
+    if database not in listed:
         local = modelgen.write_eicar_database(STATE / "clamav")
         podman("exec", source, "mkdir", "-p", str(Path(database).parent))
         podman("cp", str(local), f"{source}:{database}")
         log(f"{source}: lab ClamAV database (EICAR signature) in {database}")
-    for model in lab_vars.get("model_sync_models") or []:
-        if podman("exec", source, "test", "-d", model["source"], check=False).returncode == 0:
+    for model in models:
+        if model["source"] in listed:
             continue
         local = STATE / "models" / model["name"] / model["version"]
         listing = local.with_name(local.name + ".publisher.json")
@@ -875,9 +941,9 @@ def cmd_up(_: argparse.Namespace) -> None:
         ensure_node(node)
     # the three nodes side by side: each step waits on its own node (its boot, podman exec, SSH)
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(NODES)) as pool:
-        for done in [pool.submit(bring_up_node, node) for node in NODES]:
-            done.result()
-    ensure_network_dns()
+        futures = {node.name: pool.submit(bring_up_node, node) for node in NODES}
+        resolved = {name: done.result() for name, done in futures.items()}
+    ensure_network_dns(resolved)
     carry_in_models()
     ensure_images()
     log(
