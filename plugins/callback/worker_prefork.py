@@ -76,6 +76,8 @@ def freeze_inherited_heap_after_fork() -> bool:
 
 def load_worker_plugins(filters: Iterable[str]) -> list[str]:
     """Load in this process the plugins each forked worker loads; the names of those that could not be."""
+    # by short name, as the workers ask: a same-named plugin in a role's connection_plugins would then resolve
+    # to the builtin imported here (none exists; tests/unit/test_worker_prefork.py fails where one appears)
     transport = "ssh" if C.DEFAULT_TRANSPORT == "smart" else C.DEFAULT_TRANSPORT
     wanted = [
         *((loader.connection_loader, name) for name in dict.fromkeys((transport, "local"))),

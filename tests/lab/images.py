@@ -318,8 +318,9 @@ FILE_HASHES = STATE / "file-hashes.json"
 # A digest is reused only while the file's size, mtime (ns), ctime (ns) and inode are those it was hashed
 # with: what make, ninja and git's index trust to say a file is unchanged (a rebuilt binary is renamed into
 # place, a new inode; an edit moves mtime and ctime, and ctime cannot be set back). A file changed within the
-# same clock tick as its hashing could keep its mtime (git's "racily clean" case): a file modified less than
-# RACY_S before it was hashed is not kept, so it is hashed again next time.
+# same clock tick as its hashing could keep its mtime (git's "racily clean" case): a file modified or changed
+# (mtime or ctime: `cp -p` sets mtime back) less than RACY_S before it was hashed is not kept, so it is hashed
+# again next time.
 RACY_S = 2.0
 
 
@@ -356,7 +357,8 @@ class FileHashes:
             return entry["sha256"]
         hashed = sha256_file(resolved)
         after = resolved.stat()
-        if stat_key(after) == stat_key(stat) and time.time() - after.st_mtime_ns / 1e9 > RACY_S:
+        settled = time.time() - max(after.st_mtime_ns, after.st_ctime_ns) / 1e9 > RACY_S
+        if stat_key(after) == stat_key(stat) and settled:
             self.entries[key] = {"stat": stat_key(after), "sha256": hashed}
         else:  # changing while read, or too new to trust its mtime: not kept
             self.entries.pop(key, None)

@@ -660,8 +660,6 @@ def ensure_mirror() -> None:
     ensure_mirror_content()
     ensure_registry_pki()
     registry = go_build("registry")
-    # the mirror's and the nodes' states in one call (ensure_node reads theirs next)
-    prefetch_container_states([MIRROR_NAME, *(node.name for node in NODES)])
     ensure_container(
         MIRROR_NAME,
         "mirror",
@@ -937,6 +935,8 @@ def cmd_up(_: argparse.Namespace) -> None:
     ensure_network()
     ensure_cluster_networks_unrouted()
     ensure_mirror()
+    # the nodes' states in one call, read just before ensure_node uses them
+    prefetch_container_states([node.name for node in NODES])
     for node in NODES:
         ensure_node(node)
     # the three nodes side by side: each step waits on its own node (its boot, podman exec, SSH)

@@ -49,7 +49,8 @@ def env(json_callback: bool = False) -> dict[str, str]:
     }
     if json_callback:
         result["ANSIBLE_STDOUT_CALLBACK"] = "ansible.posix.json"
-        result["ANSIBLE_CALLBACKS_ENABLED"] = "ansible.posix.json"
+        # replaces ansible.cfg's list: keep the project's worker_prefork (plugins/callback) with it
+        result["ANSIBLE_CALLBACKS_ENABLED"] = "ansible.posix.json, worker_prefork"
     return result
 
 

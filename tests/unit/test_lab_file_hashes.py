@@ -31,8 +31,16 @@ def hashed(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     return calls
 
 
+@pytest.fixture(autouse=True)
+def settled(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file written here has a ctime of now, which no test can set back: outside the racy window's own test,
+    files count as settled (the window moved an hour back) and old_file's mtimes order them."""
+    if request.node.name != "test_a_file_changed_a_moment_ago_is_not_kept":
+        monkeypatch.setattr(images, "RACY_S", -3600.0)
+
+
 def old_file(path: Path, data: bytes, age_s: float = 60) -> Path:
-    """A file written AGE_S ago (older than the racy window: its digest may be kept)."""
+    """A file written AGE_S ago (its mtime; older than the racy window: its digest may be kept)."""
     path.write_bytes(data)
     then = time.time() - age_s
     os.utime(path, (then, then))

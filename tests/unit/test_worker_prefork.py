@@ -7,6 +7,7 @@ The fork checks run in a fresh interpreter each, because os.register_at_fork can
 from __future__ import annotations
 
 import configparser
+import json
 import os
 import re
 import subprocess
@@ -70,6 +71,26 @@ _LOAD_PROBE = textwrap.dedent(
 )
 
 
+# The callback as ansible-playbook loads it (ansible.cfg's callback_plugins, its options set), its task and
+# handler hooks called: prints the warnings it gave and which filter files the loader then holds.
+_HOOK_PROBE = textwrap.dedent(
+    """
+    import json
+    from ansible.plugins import loader
+
+    loader.init_plugin_loader()
+    callback = loader.callback_loader.get("worker_prefork")
+    callback.set_options()
+    warnings = []
+    callback._display.warning = warnings.append
+    callback.v2_playbook_on_task_start(None, is_conditional=False)
+    callback.v2_playbook_on_handler_task_start(None)
+    held = sorted(path.rpartition("/")[2] for path in loader.filter_loader._module_cache)
+    print(json.dumps({"warnings": warnings, "filters": held}))
+    """
+)
+
+
 def _fork_probe(load: int) -> tuple[int, int, str]:
     probe = [sys.executable, "-c", _FORK_PROBE, str(PLUGIN), str(load)]
     out = subprocess.run(probe, capture_output=True, text=True, check=True).stdout.split(maxsplit=2)
@@ -77,8 +98,6 @@ def _fork_probe(load: int) -> tuple[int, int, str]:
 
 
 def _load_probe(*filters: str) -> dict:
-    import json
-
     out = subprocess.run(
         [sys.executable, "-c", _LOAD_PROBE, str(PLUGIN), *filters],
         capture_output=True, text=True, check=True, cwd=ROOT,
@@ -116,6 +135,38 @@ def test_the_controller_holds_the_plugins_every_worker_loads() -> None:
     assert {"core.py", "mathstuff.py", "kubernetes_values.py", "local_accounts.py"} <= set(held["filter"])
     assert "dict_kv.py" in held["filter"] and "from_csv.py" in held["filter"]
     assert {"core.py", "files.py"} <= set(held["test"])
+
+
+def test_its_task_and_handler_hooks_load_them_and_warn_once_for_what_they_cannot() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", _HOOK_PROBE],
+        capture_output=True, text=True, check=True, cwd=ROOT,
+        env={
+            **os.environ,
+            "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+            "ANSIBLE_CALLBACK_WORKER_PREFORK_FILTERS": "community.general.dict_kv,no_such.collection.at_all",
+        },
+    )  # fmt: skip
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    assert found["warnings"] == [
+        "worker_prefork: could not load filter no_such.collection.at_all; each worker loads it itself"
+    ]
+    assert {"core.py", "local_accounts.py", "dict_kv.py"} <= set(found["filters"])
+
+
+def test_no_role_or_playbook_brings_its_own_connection_shell_or_become_plugin() -> None:
+    # worker_prefork loads the ssh, local, sh and sudo plugins by their short names before the first task; a
+    # same-named plugin in a directory an include_role adds later would then resolve to the builtin already
+    # imported (sys.modules), not to its own file. None exists: one that appears must make the callback
+    # load those by their resolved paths first.
+    found = [
+        str(path.relative_to(ROOT))
+        for kind in ("connection_plugins", "shell_plugins", "become_plugins")
+        for top in ("roles", "playbooks")
+        for path in (ROOT / top).rglob(kind)
+    ]
+    found += [key for key in ("connection_plugins", "become_plugins") if key in _config()["defaults"]]
+    assert found == []
 
 
 def test_a_filter_it_cannot_load_is_named_not_raised() -> None:

@@ -61,7 +61,8 @@ class BuildError(RuntimeError):
 def load_yaml(path: Path) -> object:
     """A YAML file's content, parsed once per process while the file is unchanged: `labctl up` asks the same
     defaults and packages.yml ~40 times (every pin, every image). Keyed by the file's size, mtime and inode,
-    so a file edited while a process runs is read again; with libyaml's loader where PyYAML has it."""
+    so a file edited while a process runs is read again; with libyaml's loader where PyYAML has it. Every
+    caller gets the same object: read it, never change it."""
     stat = path.stat()
     return _load_yaml(path, stat.st_size, stat.st_mtime_ns, stat.st_ino)
 
